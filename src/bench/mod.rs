@@ -1,0 +1,40 @@
+//! `rebound bench ...`: experiments and benchmarks. Each one prints a table;
+//! full runs (without `--quick`) also write a PNG plot under `--out`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+
+mod rcs;
+
+/// Arguments shared by every experiment.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    which: Which,
+}
+
+#[derive(Debug, Subcommand)]
+enum Which {
+    /// Recovery-conscious scheduling, good path and bad path (paper §6.3), per policy.
+    Rcs(rcs::RcsArgs),
+}
+
+/// Options every experiment accepts.
+#[derive(Debug, Clone, Args)]
+pub struct CommonArgs {
+    /// Short run for smoke checks (under a minute); prints the table, writes no plot.
+    #[arg(long)]
+    pub quick: bool,
+    /// Directory for plots and raw results.
+    #[arg(long, default_value = "bench/out")]
+    pub out: PathBuf,
+}
+
+/// Run the selected experiment.
+pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
+    match args.which {
+        Which::Rcs(a) => rcs::run(a),
+    }
+}

@@ -1,0 +1,49 @@
+//! `rebound`: the command-line interface of the rebound storage controller.
+//!
+//! Each subcommand lives in its own module; `main` only parses arguments and
+//! dispatches. See `rebound --help`.
+
+use clap::{Parser, Subcommand};
+
+mod bench;
+mod report;
+
+/// rebound: a software storage controller that recovers from its own
+/// software faults at the smallest safe scope instead of rebooting.
+#[derive(Debug, Parser)]
+#[command(name = "rebound", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run an experiment or benchmark; prints a table, full runs also write a PNG plot.
+    Bench(bench::BenchArgs),
+}
+
+fn main() -> std::process::ExitCode {
+    init_tracing();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Bench(args) => bench::run(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("rebound: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Logs go to stderr; `RUST_LOG` selects what (default: warnings).
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}

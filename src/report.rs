@@ -1,0 +1,212 @@
+//! Output helpers for experiments: aligned text tables, bar-chart PNGs and
+//! progress bars.
+
+use std::path::Path;
+
+use anyhow::Context;
+use plotters::prelude::*;
+
+/// A text table: a header row and data rows, columns right-aligned except
+/// the first.
+#[derive(Debug, Default)]
+pub struct Table {
+    header: Vec<String>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    /// A table with these column titles.
+    pub fn new(header: &[&str]) -> Self {
+        Self {
+            header: header.iter().map(|s| (*s).to_owned()).collect(),
+            rows: Vec::new(),
+        }
+    }
+
+    /// Append a row (as many cells as the header).
+    pub fn row(&mut self, cells: Vec<String>) {
+        debug_assert_eq!(cells.len(), self.header.len());
+        self.rows.push(cells);
+    }
+
+    /// Render with aligned columns.
+    pub fn render(&self) -> String {
+        let cols = self.header.len();
+        let width: Vec<usize> = (0..cols)
+            .map(|c| {
+                std::iter::once(&self.header[c])
+                    .chain(self.rows.iter().map(|r| &r[c]))
+                    .map(|s| s.chars().count())
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        let line = |cells: &[String]| -> String {
+            cells
+                .iter()
+                .enumerate()
+                .map(|(c, s)| {
+                    if c == 0 {
+                        format!("{s:<w$}", w = width[c])
+                    } else {
+                        format!("{s:>w$}", w = width[c])
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join("  ")
+        };
+        let mut out = line(&self.header);
+        out.push('\n');
+        out.push_str(&"-".repeat(width.iter().sum::<usize>() + 2 * (cols - 1)));
+        for r in &self.rows {
+            out.push('\n');
+            out.push_str(&line(r));
+        }
+        out
+    }
+}
+
+/// Thousands separators for a count.
+pub fn thousands(n: f64) -> String {
+    let s = format!("{:.0}", n.max(0.0));
+    let mut out = String::new();
+    for (i, ch) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(ch);
+    }
+    out
+}
+
+/// Register a TrueType font for plot text (plotters' `ab_glyph` backend
+/// needs one; Debian's `fonts-dejavu-core` provides it).
+pub fn register_font() -> anyhow::Result<()> {
+    use std::sync::OnceLock;
+    static DONE: OnceLock<Result<(), String>> = OnceLock::new();
+    let result = DONE.get_or_init(|| {
+        let candidates = [
+            "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+            "/usr/share/fonts/TTF/DejaVuSans.ttf",
+            "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+        ];
+        let path = candidates
+            .iter()
+            .find(|p| Path::new(p).exists())
+            .ok_or_else(|| {
+                "no DejaVuSans.ttf found for plot labels; install it with `apt-get install -y fonts-dejavu-core`"
+                    .to_owned()
+            })?;
+        let bytes: &'static [u8] = Box::leak(
+            std::fs::read(path)
+                .map_err(|e| format!("reading {path}: {e}"))?
+                .into_boxed_slice(),
+        );
+        plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
+            .map_err(|_| format!("{path} is not a usable TrueType font"))?;
+        Ok(())
+    });
+    result.clone().map_err(|e| anyhow::anyhow!(e))
+}
+
+/// One panel of a grouped bar chart: for each category, one bar per series.
+#[derive(Debug)]
+pub struct BarPanel {
+    /// Panel title.
+    pub title: String,
+    /// Y axis label.
+    pub y_label: String,
+    /// Category names (x axis).
+    pub categories: Vec<String>,
+    /// `(series name, value per category)`.
+    pub series: Vec<(String, Vec<f64>)>,
+}
+
+/// Draw panels side by side into a PNG.
+pub fn bar_chart_png(path: &Path, title: &str, panels: &[BarPanel]) -> anyhow::Result<()> {
+    register_font()?;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let width = 700 * panels.len() as u32;
+    let root = BitMapBackend::new(path, (width, 520)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (head, body) = root.split_vertically(40);
+    head.titled(title, ("sans-serif", 24))?;
+    let areas = body.split_evenly((1, panels.len()));
+    let palette = [
+        RGBColor(54, 110, 180),
+        RGBColor(214, 96, 77),
+        RGBColor(90, 160, 90),
+        RGBColor(150, 110, 190),
+    ];
+    for (area, panel) in areas.iter().zip(panels) {
+        let max = panel
+            .series
+            .iter()
+            .flat_map(|(_, v)| v.iter().copied())
+            .fold(0.0f64, f64::max)
+            * 1.15;
+        let n_cat = panel.categories.len();
+        let n_ser = panel.series.len().max(1);
+        let mut chart = ChartBuilder::on(area)
+            .caption(&panel.title, ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(50)
+            .y_label_area_size(80)
+            .build_cartesian_2d(0f64..n_cat as f64, 0f64..max.max(1e-9))?;
+        let cats = panel.categories.clone();
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(n_cat * 2 + 1)
+            .x_label_formatter(&|x| {
+                let i = x.floor() as usize;
+                if (x - x.floor() - 0.5).abs() < 1e-6 && i < cats.len() {
+                    cats[i].clone()
+                } else {
+                    String::new()
+                }
+            })
+            .y_desc(panel.y_label.as_str())
+            .label_style(("sans-serif", 14))
+            .draw()?;
+        let bar_w = 0.8 / n_ser as f64;
+        for (s, (name, values)) in panel.series.iter().enumerate() {
+            let color = palette[s % palette.len()];
+            chart
+                .draw_series(values.iter().enumerate().map(|(c, &v)| {
+                    let x0 = c as f64 + 0.1 + s as f64 * bar_w;
+                    Rectangle::new([(x0, 0.0), (x0 + bar_w * 0.95, v)], color.filled())
+                }))?
+                .label(name.as_str())
+                .legend(move |(x, y)| {
+                    Rectangle::new([(x, y - 6), (x + 14, y + 6)], color.filled())
+                });
+        }
+        chart
+            .configure_series_labels()
+            .border_style(BLACK)
+            .background_style(WHITE.mix(0.85))
+            .label_font(("sans-serif", 14))
+            .draw()?;
+    }
+    root.present()
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
+/// A progress bar on stderr for `total` steps (hidden when stderr is not a
+/// terminal).
+pub fn progress(total: u64, what: &str) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(total);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{prefix} [{bar:30}] {pos}/{len} {msg} ({elapsed})",
+        )
+        .expect("static template")
+        .progress_chars("=> "),
+    );
+    bar.set_prefix(what.to_owned());
+    bar
+}
