@@ -10,10 +10,11 @@
 //! - worker: [`IdleSet::announce`] its bit (`fetch_or`, then `fence(SeqCst)`),
 //!   then re-check the [ready masks](crate::ready); if work showed up it
 //!   [`retract`](IdleSet::retract)s and goes on, otherwise it parks.
-//! - producer: after its push and [`ReadyMask::mark`](crate::ready::ReadyMask::mark),
-//!   [`IdleSet::claim_one`] among the eligible workers: `fence(SeqCst)`, a
-//!   load, then a `fetch_and` that only one producer can win per worker; the
-//!   winner unparks.
+//! - producer: after its push, [`ReadyMask::mark_then`](crate::ready::ReadyMask::mark_then)
+//!   (which ends with a `fence(SeqCst)` after the push and any change to the
+//!   mask) runs [`IdleSet::claim_one`] among the eligible workers: a load,
+//!   then a `fetch_and` that only one producer can win per worker; the winner
+//!   unparks.
 //!
 //! The fences make it Dekker's pattern: either the producer's load sees the
 //! worker's announcement, or the worker's re-check sees the producer's ready
@@ -55,10 +56,11 @@ impl IdleSet {
     }
 
     /// Producer: claim one parked worker among `eligible`; the caller must
-    /// unpark the worker whose index is returned.
+    /// unpark the worker whose index is returned. The caller must have issued
+    /// `fence(SeqCst)` after its push and ready mark (as
+    /// [`ReadyMask::mark_then`](crate::ready::ReadyMask::mark_then) does).
     #[inline]
     pub(crate) fn claim_one(&self, eligible: u64) -> Option<u32> {
-        fence(Ordering::SeqCst);
         let mut candidates = self.parked.load(Ordering::SeqCst) & eligible;
         while candidates != 0 {
             let index = candidates.trailing_zeros();

@@ -57,6 +57,23 @@ impl ReadyMask {
         }
     }
 
+    /// Producer side, fused with the wake-up: mark `bit`, then return the
+    /// parked workers among `eligible` to claim (see [`IdleSet`]). One fence
+    /// in the common case where the bit is already set: the fence that orders
+    /// the push before the mask load also orders it before the idle load.
+    ///
+    /// [`IdleSet`]: crate::idle::IdleSet
+    #[inline]
+    pub(crate) fn mark_then(&self, bit: u64, then: impl FnOnce()) {
+        debug_assert_eq!(bit.count_ones(), 1);
+        fence(Ordering::SeqCst);
+        if self.bits.load(Ordering::SeqCst) & bit == 0 {
+            self.bits.fetch_or(bit, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+        }
+        then();
+    }
+
     /// Consumer side: a pop from the queue for `bit` found it empty.
     /// `is_empty` re-checks the queue after the bit is cleared.
     #[inline]

@@ -160,22 +160,20 @@ impl Shared {
         let p = priority.index();
         let policy = self.policy();
         let full = || SubmitError::QueueFull { group, priority };
+        let eligible = self.mapping.eligible_workers(policy, group.index());
+        let wake = || {
+            if let Some(w) = self.idle.claim_one(eligible) {
+                self.unpark(w as usize);
+            }
+        };
         if policy == Policy::Performance {
             self.shared_queues[p].push(task).map_err(|_| full())?;
-            self.shared_ready.mark(1 << p);
+            self.shared_ready.mark_then(1 << p, wake);
         } else {
             state.queues[p].push(task).map_err(|_| full())?;
-            self.group_ready[p].mark(group.bit());
+            self.group_ready[p].mark_then(group.bit(), wake);
         }
-        self.wake_one(self.mapping.eligible_workers(policy, group.index()));
         Ok(())
-    }
-
-    #[inline]
-    pub(crate) fn wake_one(&self, eligible: u64) {
-        if let Some(w) = self.idle.claim_one(eligible) {
-            self.unpark(w as usize);
-        }
     }
 
     pub(crate) fn wake_all(&self, eligible: u64) {

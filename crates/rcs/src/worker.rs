@@ -185,10 +185,15 @@ impl Worker {
     fn try_dispatch(&mut self, sh: &Arc<Shared>, g: u32, p: Priority, mode: Sigma) -> bool {
         let group = &sh.groups[g as usize];
         let bit = 1u64 << g;
+        let queue = &group.queues[p.index()];
+        if queue.is_empty() {
+            // A stale ready bit: shared reads only, no admission round trip.
+            sh.group_ready[p.index()].clear_if_empty(bit, || queue.is_empty());
+            return false;
+        }
         if !group.admission.admit(group.sigma, mode, &sh.suspended, bit) {
             return false;
         }
-        let queue = &group.queues[p.index()];
         match queue.pop() {
             Some(task) => {
                 debug_assert_eq!(task.group.index(), g as usize);

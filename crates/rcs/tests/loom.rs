@@ -9,8 +9,9 @@
 //! Invariants checked:
 //! - ready masks: after a push and a concurrent failed pop, a non-empty
 //!   queue has its ready bit set (no work is ever hidden from the workers);
-//! - idle set: a worker that parks is unparked by a concurrent producer, or
-//!   its re-check sees the producer's work (no lost wake-up: loom reports a
+//! - idle set with the fused submit path: a worker that parks is unparked by
+//!   a concurrent producer, or its re-check sees the producer's work, whether
+//!   the ready bit started clear or stale (no lost wake-up: loom reports a
 //!   worker parked forever as a deadlock);
 //! - admission: a dispatcher that passed admission concurrently with a
 //!   recovery's suspension is seen by the recovery's drain check; under
@@ -95,32 +96,46 @@ fn ready_mask_never_loses_work() {
     });
 }
 
+/// The fused submit path (`mark_then` + `claim_one`), with the ready
+/// bit starting either clear or stale-set.
 #[test]
-fn idle_worker_is_woken_or_sees_work() {
-    loom::model(|| {
-        let mask = Arc::new(ready::ReadyMask::new());
-        let idle = Arc::new(idle::IdleSet::new());
-        let queue = Arc::new(Queue {
-            len: AtomicUsize::new(0),
-        });
-        let worker = {
-            let (mask, idle, queue) = (Arc::clone(&mask), Arc::clone(&idle), Arc::clone(&queue));
-            thread::spawn(move || {
-                idle.announce(1);
-                if mask.load() & 1 == 0 {
-                    thread::park();
+fn fused_submit_wakes_a_parking_worker_or_it_sees_work() {
+    for stale_bit in [false, true] {
+        loom::model(move || {
+            let mask = Arc::new(ready::ReadyMask::new());
+            let idle = Arc::new(idle::IdleSet::new());
+            let queue = Arc::new(Queue {
+                len: AtomicUsize::new(0),
+            });
+            if stale_bit {
+                mask.mark(1);
+            }
+            let worker = {
+                let (mask, idle, queue) =
+                    (Arc::clone(&mask), Arc::clone(&idle), Arc::clone(&queue));
+                thread::spawn(move || {
+                    loop {
+                        if queue.pop() {
+                            return;
+                        }
+                        mask.clear_if_empty(1, || queue.is_empty());
+                        idle.announce(1);
+                        if mask.load() & 1 == 0 {
+                            thread::park();
+                        }
+                        idle.retract(1);
+                    }
+                })
+            };
+            queue.push();
+            mask.mark_then(1, || {
+                if idle.claim_one(1).is_some() {
+                    worker.thread().unpark();
                 }
-                idle.retract(1);
-                assert!(queue.pop(), "woken without work, or never woken");
-            })
-        };
-        queue.push();
-        mask.mark(1);
-        if idle.claim_one(1).is_some() {
-            worker.thread().unpark();
-        }
-        worker.join().unwrap();
-    });
+            });
+            worker.join().unwrap();
+        });
+    }
 }
 
 #[test]
