@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod report;
+mod serve;
 
 /// rebound: a software storage controller that recovers from its own
 /// software faults at the smallest safe scope instead of rebooting.
@@ -19,6 +20,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Serve a volume over NBD (the storage controller).
+    Serve(serve::ServeArgs),
     /// Run an experiment or benchmark; prints a table, full runs also write a PNG plot.
     Bench(bench::BenchArgs),
 }
@@ -27,6 +30,7 @@ fn main() -> std::process::ExitCode {
     init_tracing();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Serve(args) => serve::run(args),
         Command::Bench(args) => bench::run(args),
     };
     match result {

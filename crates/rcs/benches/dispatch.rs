@@ -25,7 +25,7 @@ fn wait_for(target: u64) {
     let mut spins = 0u32;
     while DONE.load(Ordering::Acquire) < target {
         spins += 1;
-        if spins % 64 == 0 {
+        if spins.is_multiple_of(64) {
             std::thread::yield_now();
         } else {
             std::hint::spin_loop();

@@ -142,6 +142,14 @@ pub enum BuildError {
     /// A drain timeout of zero.
     #[error("the recovery drain timeout must be positive (got {0:?})")]
     DrainTimeout(Duration),
+    /// An idle spin count above the limit.
+    #[error("idle spin count must be at most {max} (got {value})")]
+    IdleSpins {
+        /// The value given.
+        value: u32,
+        /// The largest accepted.
+        max: u32,
+    },
     /// The OS refused a worker thread.
     #[error("could not start worker thread: {0}")]
     Spawn(#[from] std::io::Error),

@@ -16,6 +16,12 @@
 //!   then a `fetch_and` that only one producer can win per worker; the winner
 //!   unparks.
 //!
+//! A producer that is itself a worker eligible for the task, and that found
+//! the queue empty, skips the wake-up: it dispatches the task itself when
+//! its current task ends (waking a parked peer only to find the task gone
+//! would cost two context switches per hop of a request). It still wakes a
+//! peer when the queue already held work.
+//!
 //! The fences make it Dekker's pattern: either the producer's load sees the
 //! worker's announcement, or the worker's re-check sees the producer's ready
 //! bit. (SeqCst read-modify-writes and loads alone would do in the C++20

@@ -18,8 +18,11 @@ pub const QUEUE_CAPACITY_MAX: usize = 1 << 20;
 pub const LOOP_COUNT_MAX: u32 = 1024;
 /// Largest accepted recoverability constraint sigma.
 pub const SIGMA_MAX: u32 = 1 << 16;
-/// Scheduling rounds a worker spins through without work before it parks.
-pub const IDLE_SPINS_MAX: u32 = 64;
+/// Default scheduling rounds a worker spins through without work before it
+/// parks ([`RuntimeBuilder::idle_spins`](crate::RuntimeBuilder::idle_spins)).
+pub const IDLE_SPINS_DEFAULT: u32 = 8;
+/// Largest accepted idle spin count.
+pub const IDLE_SPINS_MAX: u32 = 1 << 16;
 /// Longest a parked worker sleeps before re-checking on its own.
 pub const PARK_TIMEOUT: Duration = Duration::from_millis(10);
 /// Recovery events kept for [`Handle::recent_events`](crate::Handle::recent_events).

@@ -57,21 +57,23 @@ impl ReadyMask {
         }
     }
 
-    /// Producer side, fused with the wake-up: mark `bit`, then return the
-    /// parked workers among `eligible` to claim (see [`IdleSet`]). One fence
-    /// in the common case where the bit is already set: the fence that orders
-    /// the push before the mask load also orders it before the idle load.
+    /// Producer side, fused with the wake-up: mark `bit`, then call `then`
+    /// with whether the bit was already set (the queue probably held other
+    /// work). One fence in the common case where the bit is already set: the
+    /// fence that orders the push before the mask load also orders it before
+    /// the loads `then` does (see [`IdleSet`]).
     ///
     /// [`IdleSet`]: crate::idle::IdleSet
     #[inline]
-    pub(crate) fn mark_then(&self, bit: u64, then: impl FnOnce()) {
+    pub(crate) fn mark_then(&self, bit: u64, then: impl FnOnce(bool)) {
         debug_assert_eq!(bit.count_ones(), 1);
         fence(Ordering::SeqCst);
-        if self.bits.load(Ordering::SeqCst) & bit == 0 {
+        let was_set = self.bits.load(Ordering::SeqCst) & bit != 0;
+        if !was_set {
             self.bits.fetch_or(bit, Ordering::SeqCst);
             fence(Ordering::SeqCst);
         }
-        then();
+        then(was_set);
     }
 
     /// Consumer side: a pop from the queue for `bit` found it empty.

@@ -38,8 +38,8 @@ use crate::fault::GroupFaults;
 use crate::group::{GroupId, GroupSpec, Priority, RecoveryHandler};
 use crate::idle::IdleSet;
 use crate::limits::{
-    GROUPS_MAX, LOOP_COUNT_MAX, QUEUE_CAPACITY_DEFAULT, QUEUE_CAPACITY_MAX, RECOVERY_EVENTS_MAX,
-    SIGMA_MAX, WORKERS_MAX,
+    GROUPS_MAX, IDLE_SPINS_DEFAULT, IDLE_SPINS_MAX, LOOP_COUNT_MAX, QUEUE_CAPACITY_DEFAULT,
+    QUEUE_CAPACITY_MAX, RECOVERY_EVENTS_MAX, SIGMA_MAX, WORKERS_MAX,
 };
 use crate::mapping::Mapping;
 use crate::metrics::{
@@ -109,6 +109,7 @@ pub(crate) struct Shared {
     pub(crate) qos: QosLoops,
     pub(crate) lease_dispatches: u32,
     pub(crate) drain_timeout: Duration,
+    pub(crate) idle_spins: u32,
     pub(crate) workers: Box<[WorkerSlot]>,
     pub(crate) pool_sizes: Vec<usize>,
     pub(crate) system_recovery: SystemRecovery,
@@ -148,6 +149,7 @@ impl Shared {
         priority: Priority,
         kind: &'static str,
         body: TaskBody,
+        submitter: Option<usize>,
     ) -> Result<(), SubmitError> {
         if self.shutdown.load(Ordering::Relaxed) {
             return Err(SubmitError::ShuttingDown);
@@ -161,8 +163,13 @@ impl Shared {
         let policy = self.policy();
         let full = || SubmitError::QueueFull { group, priority };
         let eligible = self.mapping.eligible_workers(policy, group.index());
-        let wake = || {
-            if let Some(w) = self.idle.claim_one(eligible) {
+        // A worker that may run the task itself will, once its current task
+        // ends; wake a peer only if the queue already had work.
+        let runs_it_later = submitter.is_some_and(|w| eligible & (1u64 << w) != 0);
+        let wake = |was_set: bool| {
+            if (was_set || !runs_it_later)
+                && let Some(w) = self.idle.claim_one(eligible)
+            {
                 self.unpark(w as usize);
             }
         };
@@ -270,6 +277,7 @@ pub struct RuntimeBuilder {
     lease_dispatches: u32,
     queue_capacity: usize,
     drain_timeout: Duration,
+    idle_spins: u32,
     groups: Vec<GroupSpec>,
     system_recovery: Option<SystemRecovery>,
     observe_dependencies: bool,
@@ -304,6 +312,7 @@ impl Default for RuntimeBuilder {
             lease_dispatches: 1,
             queue_capacity: QUEUE_CAPACITY_DEFAULT,
             drain_timeout: Duration::from_secs(1),
+            idle_spins: IDLE_SPINS_DEFAULT,
             groups: Vec::new(),
             system_recovery: None,
             observe_dependencies: false,
@@ -371,6 +380,15 @@ impl RuntimeBuilder {
     /// before escalating to system level (default 1 s).
     pub fn drain_timeout(&mut self, timeout: Duration) -> &mut Self {
         self.drain_timeout = timeout;
+        self
+    }
+
+    /// Scheduling rounds an idle worker spins through before it parks
+    /// (default [`IDLE_SPINS_DEFAULT`](crate::limits::IDLE_SPINS_DEFAULT)).
+    /// More spinning lowers wake-up latency and costs CPU that other
+    /// threads of the machine could use.
+    pub fn idle_spins(&mut self, rounds: u32) -> &mut Self {
+        self.idle_spins = rounds;
         self
     }
 
@@ -543,6 +561,12 @@ impl RuntimeBuilder {
         if self.drain_timeout.is_zero() {
             return Err(BuildError::DrainTimeout(self.drain_timeout));
         }
+        if self.idle_spins > IDLE_SPINS_MAX {
+            return Err(BuildError::IdleSpins {
+                value: self.idle_spins,
+                max: IDLE_SPINS_MAX,
+            });
+        }
         Ok(())
     }
 
@@ -606,6 +630,7 @@ impl RuntimeBuilder {
             qos: self.qos,
             lease_dispatches: self.lease_dispatches,
             drain_timeout: self.drain_timeout,
+            idle_spins: self.idle_spins,
             workers,
             pool_sizes: layout.sizes.clone(),
             system_recovery,
@@ -729,7 +754,7 @@ impl Handle {
     ) -> Result<(), SubmitError> {
         let kind = std::any::type_name_of_val(&body);
         self.shared
-            .submit_task(group, priority, kind, Box::new(body))
+            .submit_task(group, priority, kind, Box::new(body), None)
     }
 
     /// Submit a task with an explicit kind (used by scope refinement and in
@@ -742,7 +767,7 @@ impl Handle {
         body: impl FnOnce(&mut TaskCtx<'_>) -> Result<(), Failure> + Send + 'static,
     ) -> Result<(), SubmitError> {
         self.shared
-            .submit_task(group, priority, kind, Box::new(body))
+            .submit_task(group, priority, kind, Box::new(body), None)
     }
 
     /// The id of the group named `name`.

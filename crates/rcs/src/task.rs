@@ -108,18 +108,28 @@ impl TaskCtx<'_> {
     }
 
     /// Submit a follow-up task (see [`Handle::submit`](crate::Handle::submit)).
+    /// If this worker may run it, no parked peer is woken for it while its
+    /// queue was empty: this worker dispatches it when the current task ends.
     pub fn submit(
         &self,
         group: GroupId,
         priority: Priority,
         body: impl FnOnce(&mut TaskCtx<'_>) -> Result<(), Failure> + Send + 'static,
     ) -> Result<(), SubmitError> {
-        self.shared.submit_task(
-            group,
-            priority,
-            std::any::type_name_of_val(&body),
-            Box::new(body),
-        )
+        let kind = std::any::type_name_of_val(&body);
+        self.submit_named(group, priority, kind, body)
+    }
+
+    /// [`TaskCtx::submit`] with an explicit kind.
+    pub fn submit_named(
+        &self,
+        group: GroupId,
+        priority: Priority,
+        kind: &'static str,
+        body: impl FnOnce(&mut TaskCtx<'_>) -> Result<(), Failure> + Send + 'static,
+    ) -> Result<(), SubmitError> {
+        self.shared
+            .submit_task(group, priority, kind, Box::new(body), Some(self.worker))
     }
 
     /// A handle to the runtime, for work that outlives the task.

@@ -21,8 +21,8 @@
 //! scheduling) are skipped, and [admission](crate::admission) fences the race
 //! with a recovery that starts concurrently.
 //!
-//! A round that finds nothing makes the worker spin a little, then park
-//! (see [`idle`](crate::idle)).
+//! A round that finds nothing makes the worker spin a few rounds (no
+//! yields), then park (see [`idle`](crate::idle)).
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -36,7 +36,7 @@ use crate::events::SystemCause;
 use crate::failure::{Disposition, Failure, FailureClass};
 use crate::fault::spend;
 use crate::group::{GroupId, Priority};
-use crate::limits::{BUSY_FLUSH_DISPATCHES, IDLE_SPINS_MAX, PARK_TIMEOUT};
+use crate::limits::{BUSY_FLUSH_DISPATCHES, PARK_TIMEOUT};
 use crate::policy::Policy;
 use crate::pool::PoolId;
 use crate::runtime::Shared;
@@ -110,11 +110,11 @@ impl Worker {
             }
             self.end_busy_streak(sh);
             idle_rounds += 1;
-            if idle_rounds < IDLE_SPINS_MAX {
+            // A short spin catches work that arrives within microseconds; no
+            // yields: on a machine with more runnable threads than cores a
+            // yield is a context switch that makes no progress. Then park.
+            if idle_rounds < sh.idle_spins {
                 std::hint::spin_loop();
-                if idle_rounds % 8 == 0 {
-                    std::thread::yield_now();
-                }
                 continue;
             }
             self.park(sh, policy);

@@ -220,6 +220,9 @@ fn loop_counts_capacity_probability_and_timeout_are_range_checked() {
     b.group(GroupSpec::new("x").inject_faults(f64::NAN, Duration::ZERO));
     assert!(matches!(message(&b).0, BuildError::FaultProbability { .. }));
     let mut b = one_group();
+    b.idle_spins(u32::MAX);
+    assert!(matches!(message(&b).0, BuildError::IdleSpins { .. }));
+    let mut b = one_group();
     b.drain_timeout(Duration::ZERO);
     assert!(matches!(message(&b).0, BuildError::DrainTimeout(_)));
     let mut b = Runtime::builder();

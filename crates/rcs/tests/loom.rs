@@ -128,7 +128,7 @@ fn fused_submit_wakes_a_parking_worker_or_it_sees_work() {
                 })
             };
             queue.push();
-            mask.mark_then(1, || {
+            mask.mark_then(1, |_| {
                 if idle.claim_one(1).is_some() {
                     worker.thread().unpark();
                 }

@@ -1,0 +1,382 @@
+//! Configuration of `rebound serve`: every setting has a default, can be
+//! given in a TOML file (`--config FILE`), and can be overridden by a flag.
+//! [`Config::validate`] checks the whole configuration and names the
+//! offending setting; nothing is silently adjusted.
+//!
+//! ```toml
+//! listen = "127.0.0.1:10809"
+//! data_dir = "./rebound-data"
+//! volume_size = "1G"
+//! devices = 1
+//! nvs = "/dev/shm/rebound-XXXXXXXX.nvs"   # default: derived from data_dir
+//! nvs_size = "256M"
+//! cache_size = "256M"
+//! workers = 0                              # 0: one per core
+//! policy = "dynamic"
+//! metrics = "127.0.0.1:9109"               # optional
+//! flush = "devices"
+//! direct_io = false
+//! max_connections = 64
+//! [device_latency]
+//! fixed_us = 0
+//! per_kib_us = 0
+//! ```
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::limits::{
+    CONNECTIONS_MAX, DEVICES_MAX, MAX_PAYLOAD_BYTES, TRACK_BYTES, VOLUME_BYTES_MAX, WORKERS_MAX,
+};
+
+/// Parse a size such as `4096`, `512K`, `256M`, `1G`, `1GiB`, `2T`
+/// (binary units).
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    if digits.is_empty() {
+        return Err(format!(
+            "{text:?} is not a size (examples: 4096, 512K, 256M, 1G)"
+        ));
+    }
+    let value: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?}: number too large"))?;
+    let shift = match unit.trim().to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KB" | "KIB" => 10,
+        "M" | "MB" | "MIB" => 20,
+        "G" | "GB" | "GIB" => 30,
+        "T" | "TB" | "TIB" => 40,
+        other => {
+            return Err(format!(
+                "{text:?}: unknown unit {other:?} (use K, M, G or T)"
+            ));
+        }
+    };
+    value
+        .checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("{text:?} overflows 64 bits"))
+}
+
+fn de_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Size {
+        Number(u64),
+        Text(String),
+    }
+    match Size::deserialize(d)? {
+        Size::Number(n) => Ok(n),
+        Size::Text(s) => parse_size(&s).map_err(serde::de::Error::custom),
+    }
+}
+
+/// Modelled device service time, for experiments (none by default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LatencyConfig {
+    /// Fixed cost per device I/O, microseconds.
+    pub fixed_us: u64,
+    /// Cost per KiB transferred, microseconds.
+    pub per_kib_us: u64,
+}
+
+impl LatencyConfig {
+    /// The modelled service time of an I/O of `bytes`.
+    pub fn service_time(&self, bytes: usize) -> Duration {
+        let kib = (bytes as u64).div_ceil(1024);
+        Duration::from_micros(self.fixed_us + self.per_kib_us.saturating_mul(kib))
+    }
+
+    /// Whether any latency is modelled.
+    pub fn is_zero(&self) -> bool {
+        self.fixed_us == 0 && self.per_kib_us == 0
+    }
+}
+
+/// What FLUSH and FUA make durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FlushPolicy {
+    /// Destage the covered writes to the devices and `fdatasync` them
+    /// (survives a host crash when the devices do).
+    #[default]
+    Devices,
+    /// The NVS is the non-volatile medium (as in a controller with
+    /// battery-backed NVS): `msync` the NVS region and reply.
+    Nvs,
+}
+
+/// The configuration of one controller.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Address of the NBD listener.
+    pub listen: SocketAddr,
+    /// Directory holding the volume label and the device files.
+    pub data_dir: PathBuf,
+    /// Size of the exported volume (a multiple of 4 KiB).
+    #[serde(deserialize_with = "de_size")]
+    pub volume_size: u64,
+    /// Backend device files the volume is striped over (track by track).
+    pub devices: u32,
+    /// Path of the NVS file (default: under /dev/shm, named after `data_dir`).
+    pub nvs: Option<PathBuf>,
+    /// Size of the NVS.
+    #[serde(deserialize_with = "de_size")]
+    pub nvs_size: u64,
+    /// Size of the read cache.
+    #[serde(deserialize_with = "de_size")]
+    pub cache_size: u64,
+    /// rcs worker threads (0: one per core).
+    pub workers: usize,
+    /// rcs scheduling policy.
+    pub policy: String,
+    /// Prometheus endpoint (`http://ADDR/metrics`), if any.
+    pub metrics: Option<SocketAddr>,
+    /// What FLUSH and FUA make durable.
+    pub flush: FlushPolicy,
+    /// Open device files with `O_DIRECT`.
+    pub direct_io: bool,
+    /// Most concurrent NBD connections.
+    pub max_connections: usize,
+    /// Modelled device latency.
+    pub device_latency: LatencyConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:10809".parse().expect("static address"),
+            data_dir: PathBuf::from("./rebound-data"),
+            volume_size: 1 << 30,
+            devices: 1,
+            nvs: None,
+            nvs_size: 256 << 20,
+            cache_size: 256 << 20,
+            workers: 0,
+            policy: "dynamic".to_owned(),
+            metrics: None,
+            flush: FlushPolicy::Devices,
+            direct_io: false,
+            max_connections: 64,
+            device_latency: LatencyConfig::default(),
+        }
+    }
+}
+
+/// A configuration problem, naming the setting.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read configuration file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for this configuration.
+    #[error("invalid configuration file {path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message (names the key and line).
+        message: String,
+    },
+    /// A setting out of range.
+    #[error("invalid setting {setting}: {message}")]
+    Invalid {
+        /// The setting's name.
+        setting: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+fn invalid(setting: &'static str, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        setting,
+        message: message.into(),
+    }
+}
+
+impl Config {
+    /// Load a TOML file (missing keys take their defaults).
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })
+    }
+
+    /// The NVS path: configured, or `/dev/shm/rebound-<hash of data_dir>.nvs`.
+    pub fn nvs_path(&self) -> PathBuf {
+        self.nvs
+            .clone()
+            .unwrap_or_else(|| shm_path(&self.data_dir, "nvs"))
+    }
+
+    /// Tracks in the volume.
+    pub fn volume_tracks(&self) -> u64 {
+        self.volume_size / TRACK_BYTES as u64
+    }
+
+    /// The rcs policy.
+    pub fn rcs_policy(&self) -> Result<rcs::Policy, ConfigError> {
+        self.policy
+            .parse()
+            .map_err(|e: String| invalid("policy", e))
+    }
+
+    /// Check every setting.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let track = TRACK_BYTES as u64;
+        if self.volume_size == 0 || !self.volume_size.is_multiple_of(track) {
+            return Err(invalid(
+                "volume_size",
+                format!(
+                    "{} is not a positive multiple of {track} bytes",
+                    self.volume_size
+                ),
+            ));
+        }
+        if self.volume_size > VOLUME_BYTES_MAX {
+            return Err(invalid(
+                "volume_size",
+                format!(
+                    "{} exceeds the {VOLUME_BYTES_MAX}-byte maximum",
+                    self.volume_size
+                ),
+            ));
+        }
+        if self.devices == 0 || self.devices > DEVICES_MAX {
+            return Err(invalid("devices", format!("must be in 1..={DEVICES_MAX}")));
+        }
+        if u64::from(self.devices) > self.volume_tracks() {
+            return Err(invalid(
+                "devices",
+                "more devices than 4 KiB tracks in the volume",
+            ));
+        }
+        let min_nvs = 2 * (MAX_PAYLOAD_BYTES as u64) + (1 << 20);
+        if self.nvs_size < min_nvs {
+            return Err(invalid(
+                "nvs_size",
+                format!(
+                    "{} is too small: the NVS must hold two maximum-size writes ({} bytes at least)",
+                    self.nvs_size, min_nvs
+                ),
+            ));
+        }
+        if self.nvs_size > (1u64 << 40) {
+            return Err(invalid("nvs_size", "above 1 TiB"));
+        }
+        if self.cache_size < 64 * track || self.cache_size > (1u64 << 40) {
+            return Err(invalid("cache_size", "must be between 256 KiB and 1 TiB"));
+        }
+        if self.workers > WORKERS_MAX {
+            return Err(invalid("workers", format!("at most {WORKERS_MAX}")));
+        }
+        self.rcs_policy()?;
+        if self.max_connections == 0 || self.max_connections > CONNECTIONS_MAX {
+            return Err(invalid(
+                "max_connections",
+                format!("must be in 1..={CONNECTIONS_MAX}"),
+            ));
+        }
+        if self.device_latency.fixed_us > 10_000_000 || self.device_latency.per_kib_us > 1_000_000 {
+            return Err(invalid(
+                "device_latency",
+                "above 10 s per I/O or 1 s per KiB",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `/dev/shm/rebound-<crc32c of the canonical data dir>.<ext>`.
+pub fn shm_path(data_dir: &Path, ext: &str) -> PathBuf {
+    let canonical = std::fs::canonicalize(data_dir).unwrap_or_else(|_| {
+        std::env::current_dir()
+            .map(|cwd| cwd.join(data_dir))
+            .unwrap_or_else(|_| data_dir.to_owned())
+    });
+    let hash = crc32c::crc32c(canonical.to_string_lossy().as_bytes());
+    PathBuf::from(format!("/dev/shm/rebound-{hash:08x}.{ext}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_binary_units_and_reject_garbage() {
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("512K").unwrap(), 512 << 10);
+        assert_eq!(parse_size("256M").unwrap(), 256 << 20);
+        assert_eq!(parse_size("1GiB").unwrap(), 1 << 30);
+        assert_eq!(parse_size(" 2t ").unwrap(), 2 << 40);
+        for bad in ["", "G", "1X", "-1", "99999999999999999999", "20000000T"] {
+            assert!(parse_size(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn defaults_are_valid_and_toml_overrides_them() {
+        Config::default().validate().unwrap();
+        let c: Config = toml::from_str(
+            "volume_size = \"64M\"\nnvs_size = 134217728\n[device_latency]\nfixed_us = 100\n",
+        )
+        .unwrap();
+        assert_eq!(c.volume_size, 64 << 20);
+        assert_eq!(c.nvs_size, 128 << 20);
+        assert_eq!(c.device_latency.fixed_us, 100);
+        assert_eq!(c.listen, Config::default().listen);
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_name_the_setting() {
+        let err = toml::from_str::<Config>("volume_sise = \"1G\"").unwrap_err();
+        assert!(err.to_string().contains("volume_sise"), "{err}");
+        let err = toml::from_str::<Config>("cache_size = \"lots\"").unwrap_err();
+        assert!(err.to_string().contains("lots"), "{err}");
+        let mut c = Config {
+            volume_size: 1000,
+            ..Config::default()
+        };
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("volume_size") && e.contains("4096"), "{e}");
+        c.volume_size = 1 << 30;
+        c.policy = "fast".into();
+        assert!(c.validate().unwrap_err().to_string().contains("policy"));
+        c.policy = "static".into();
+        c.nvs_size = 1 << 20;
+        assert!(c.validate().unwrap_err().to_string().contains("nvs_size"));
+        c.nvs_size = 256 << 20;
+        c.devices = 0;
+        assert!(c.validate().unwrap_err().to_string().contains("devices"));
+    }
+
+    #[test]
+    fn default_nvs_path_lives_in_shm_and_depends_on_the_data_dir() {
+        let a = Config::default().nvs_path();
+        let b = Config {
+            data_dir: "/tmp/other".into(),
+            ..Config::default()
+        }
+        .nvs_path();
+        assert!(a.starts_with("/dev/shm"));
+        assert_ne!(a, b);
+    }
+}

@@ -1,0 +1,307 @@
+//! One NBD connection: the handshake, then the transmission phase.
+//!
+//! A reader thread per connection frames requests off the socket (the host
+//! adapter's hardware, in the papers' controller): it reads a header, for a
+//! WRITE reserves the NVS slots *before* reading the payload (so a full NVS
+//! pushes back on the client through TCP, and no worker ever waits for NVS
+//! space), then submits the request to the host group.
+//!
+//! Replies are written by whichever task finishes a request. Replies queue
+//! on the connection; the first writer to find no one sending becomes the
+//! sender and writes the whole queue with one `writev`, so replies from
+//! concurrent requests leave in batches.
+//!
+//! Bad input ends this connection only: a bad request magic (the stream
+//! cannot be resynchronised), a write payload over [`DISCARD_PAYLOAD_MAX`].
+//! A write over the maximum payload but under that bound is read, discarded
+//! and answered `EOVERFLOW`; every other malformed request gets its NBD error.
+
+use std::io::{BufReader, IoSlice, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use crate::controller::Controller;
+use crate::datapath::{self, Request};
+use crate::limits::{
+    CONNECTION_READ_BUFFER_BYTES, DISCARD_PAYLOAD_MAX, HANDSHAKE_TIMEOUT_SECS,
+    INFLIGHT_PER_CONNECTION_MAX, MAX_PAYLOAD_BYTES, TRACK_BYTES,
+};
+use crate::nbd::handshake::{self, HandshakeError, Outcome};
+use crate::nbd::proto::{self, NbdError, REQUEST_BYTES, RequestHeader, chunk, cmd};
+
+struct Frame {
+    head: Vec<u8>,
+    body: Vec<u8>,
+}
+
+#[derive(Default)]
+struct Outbox {
+    pending: Vec<Frame>,
+    sending: bool,
+    broken: bool,
+}
+
+/// A connection in the transmission phase.
+pub struct Connection {
+    pub(crate) ctl: Arc<Controller>,
+    pub(crate) structured: bool,
+    out: TcpStream,
+    outbox: Mutex<Outbox>,
+    inflight: AtomicU32,
+    id: u64,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("id", &self.id)
+            .field("structured", &self.structured)
+            .field("inflight", &self.inflight.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl Connection {
+    /// Queue the reply to `h` and send (or leave it to the current sender).
+    pub(crate) fn send_reply(
+        &self,
+        h: &RequestHeader,
+        result: Result<(), (NbdError, &str)>,
+        data: Vec<u8>,
+    ) {
+        let mut head = Vec::with_capacity(32);
+        let body = match (h.kind == cmd::READ && self.structured, result) {
+            (true, Ok(())) => {
+                proto::put_chunk_header(
+                    &mut head,
+                    h.cookie,
+                    chunk::FLAG_DONE,
+                    chunk::OFFSET_DATA,
+                    8 + data.len() as u32,
+                );
+                head.extend_from_slice(&h.offset.to_be_bytes());
+                data
+            }
+            (true, Err((e, msg))) => {
+                proto::put_error_chunk(&mut head, h.cookie, e, msg);
+                Vec::new()
+            }
+            (false, Ok(())) => {
+                proto::put_simple_reply(&mut head, h.cookie, 0);
+                if h.kind == cmd::READ {
+                    data
+                } else {
+                    Vec::new()
+                }
+            }
+            (false, Err((e, _))) => {
+                proto::put_simple_reply(&mut head, h.cookie, e.code());
+                Vec::new()
+            }
+        };
+        self.push(Frame { head, body });
+    }
+
+    fn push(&self, frame: Frame) {
+        let mut outbox = self.outbox.lock();
+        if outbox.broken {
+            return;
+        }
+        outbox.pending.push(frame);
+        if outbox.sending {
+            return;
+        }
+        outbox.sending = true;
+        loop {
+            let batch = std::mem::take(&mut outbox.pending);
+            drop(outbox);
+            let written = write_frames(&self.out, &batch);
+            outbox = self.outbox.lock();
+            if let Err(e) = written {
+                tracing::debug!(conn = self.id, error = %e, "reply write failed; closing");
+                outbox.broken = true;
+                outbox.pending.clear();
+                outbox.sending = false;
+                let _ = self.out.shutdown(Shutdown::Both);
+                return;
+            }
+            if outbox.pending.is_empty() {
+                outbox.sending = false;
+                return;
+            }
+        }
+    }
+
+    /// A request of this connection is finished.
+    pub(crate) fn finish_request(&self) {
+        self.inflight.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    fn wait_idle(&self) {
+        while self.inflight.load(Ordering::Acquire) > 0 {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+}
+
+fn write_frames(mut out: &TcpStream, frames: &[Frame]) -> std::io::Result<()> {
+    let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(frames.len() * 2);
+    for f in frames {
+        slices.push(IoSlice::new(&f.head));
+        if !f.body.is_empty() {
+            slices.push(IoSlice::new(&f.body));
+        }
+    }
+    let mut rest = &mut slices[..];
+    while !rest.is_empty() {
+        let n = out.write_vectored(rest)?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut rest, n);
+    }
+    Ok(())
+}
+
+/// Serve one client socket until it disconnects.
+pub fn serve(ctl: Arc<Controller>, stream: TcpStream, id: u64) {
+    let _ = stream.set_nodelay(true);
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(HANDSHAKE_TIMEOUT_SECS)));
+    let mut hs = &stream;
+    let negotiated = match handshake::negotiate(&mut hs, &ctl.export) {
+        Ok(Outcome::Transmission(n)) => n,
+        Ok(Outcome::Aborted) => return,
+        Err(HandshakeError::Io(e)) => {
+            tracing::debug!(conn = id, error = %e, "client left during the handshake");
+            return;
+        }
+        Err(e) => {
+            tracing::warn!(conn = id, error = %e, "handshake failed; closing the connection");
+            ctl.metrics.protocol_errors.fetch_add(1, Ordering::Relaxed);
+            let _ = stream.shutdown(Shutdown::Both);
+            return;
+        }
+    };
+    let _ = stream.set_read_timeout(None);
+    let Ok(out) = stream.try_clone() else { return };
+    let conn = Arc::new(Connection {
+        ctl,
+        structured: negotiated.structured,
+        out,
+        outbox: Mutex::new(Outbox::default()),
+        inflight: AtomicU32::new(0),
+        id,
+    });
+    let reason = read_loop(
+        &conn,
+        BufReader::with_capacity(CONNECTION_READ_BUFFER_BYTES, &stream),
+    );
+    conn.wait_idle();
+    if let Err(e) = reason {
+        tracing::warn!(conn = id, error = %e, "closing the connection");
+        conn.ctl
+            .metrics
+            .protocol_errors
+            .fetch_add(1, Ordering::Relaxed);
+    }
+    let _ = stream.shutdown(Shutdown::Both);
+}
+
+/// Why the reader stopped for a protocol violation.
+#[derive(Debug, thiserror::Error)]
+enum Violation {
+    #[error("request with a bad magic number")]
+    BadMagic,
+    #[error("write payload of {0} bytes is over the {DISCARD_PAYLOAD_MAX}-byte limit")]
+    PayloadTooLarge(u32),
+}
+
+/// Read requests until the client disconnects (Ok) or violates the
+/// protocol (Err). I/O errors are a disconnect.
+fn read_loop(conn: &Arc<Connection>, mut r: impl Read) -> Result<(), Violation> {
+    let ctl = &conn.ctl;
+    let mut raw = [0u8; REQUEST_BYTES];
+    loop {
+        if r.read_exact(&mut raw).is_err() {
+            return Ok(());
+        }
+        let header = RequestHeader::parse(&raw).ok_or(Violation::BadMagic)?;
+        if header.kind == cmd::DISC {
+            return Ok(());
+        }
+        while conn.inflight.load(Ordering::Acquire) >= INFLIGHT_PER_CONNECTION_MAX {
+            std::thread::sleep(Duration::from_micros(20));
+        }
+        let mut req = Box::new(Request::new(Arc::clone(conn), header));
+        conn.inflight.fetch_add(1, Ordering::AcqRel);
+        if header.kind == cmd::WRITE && header.length > 0 {
+            match read_write_payload(ctl, &mut req, &mut r) {
+                Ok(true) => {}
+                Ok(false) => {
+                    // Disconnected mid-payload: the request is dropped (its
+                    // clean-up answers into a closed socket).
+                    drop(req);
+                    return Ok(());
+                }
+                Err(v) => {
+                    drop(req);
+                    return Err(v);
+                }
+            }
+        }
+        datapath::submit(req);
+    }
+}
+
+/// Reserve NVS slots and read a WRITE's payload. `Ok(false)`: the client
+/// went away.
+fn read_write_payload(
+    ctl: &Arc<Controller>,
+    req: &mut Request,
+    r: &mut impl Read,
+) -> Result<bool, Violation> {
+    let len = req.header.length;
+    if len > MAX_PAYLOAD_BYTES {
+        if len > DISCARD_PAYLOAD_MAX {
+            return Err(Violation::PayloadTooLarge(len));
+        }
+        let copied = std::io::copy(&mut r.take(u64::from(len)), &mut std::io::sink());
+        req.early_error = Some((NbdError::Overflow, "write larger than the maximum payload"));
+        return Ok(copied.is_ok_and(|n| n == u64::from(len)));
+    }
+    let aligned = (len as usize).is_multiple_of(TRACK_BYTES)
+        && req.header.offset.is_multiple_of(TRACK_BYTES as u64);
+    let in_range = req
+        .header
+        .offset
+        .checked_add(u64::from(len))
+        .is_some_and(|end| end <= ctl.export.size_bytes);
+    if aligned && in_range {
+        let n = len / TRACK_BYTES as u32;
+        loop {
+            match ctl.nvs.reserve(n, Duration::from_millis(100)) {
+                Ok(slots) => {
+                    req.slots = slots;
+                    break;
+                }
+                Err(crate::nvs::NvsError::Timeout(_)) => {
+                    crate::destage::kick(ctl);
+                }
+                Err(_) => {
+                    req.early_error = Some((NbdError::Shutdown, "the server is shutting down"));
+                    break;
+                }
+            }
+        }
+    }
+    let mut payload = vec![0u8; len as usize];
+    if r.read_exact(&mut payload).is_err() {
+        return Ok(false);
+    }
+    req.payload = payload;
+    Ok(true)
+}

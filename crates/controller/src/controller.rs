@@ -1,0 +1,308 @@
+//! The controller: the components of DESIGN.md composed on one rcs runtime.
+//!
+//! | recovery group | tasks |
+//! |---|---|
+//! | `host` | request validation and routing, replies (the host adapter) |
+//! | `cache` | directory lookups, read hits, write absorption |
+//! | `nvs` | writing records of incoming writes |
+//! | `device` | staging misses, FUA, FLUSH, TRIM / WRITE_ZEROES |
+//! | `destage` | background destage of dirty tracks (low priority) |
+//! | `background` | periodic work (the destage tick) |
+//!
+//! Start-up always scans the NVS and replays its records into the cache
+//! directory (newest per track wins) before serving: every acknowledged
+//! write that was not destaged is found again, whatever happened to the
+//! previous process.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::cache::Cache;
+use crate::config::{Config, ConfigError, FlushPolicy};
+use crate::destage::DestageQueue;
+use crate::limits::{MAX_PAYLOAD_BYTES, TRACK_BYTES};
+use crate::metrics::{Gauges, Metrics};
+use crate::nbd::handshake::ExportInfo;
+use crate::nvs::{Nvs, NvsError, ScanReport};
+use crate::timer::Timer;
+use crate::volume::{Volume, VolumeError};
+
+/// The recovery groups of the controller's components.
+#[derive(Debug, Clone, Copy)]
+pub struct Groups {
+    /// Host adapter.
+    pub host: rcs::GroupId,
+    /// Cache.
+    pub cache: rcs::GroupId,
+    /// NVS.
+    pub nvs: rcs::GroupId,
+    /// Device manager.
+    pub device: rcs::GroupId,
+    /// Destage.
+    pub destage: rcs::GroupId,
+    /// Background work.
+    pub background: rcs::GroupId,
+}
+
+/// Why a controller could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// A bad setting.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The volume or its devices.
+    #[error(transparent)]
+    Volume(#[from] VolumeError),
+    /// The NVS.
+    #[error(transparent)]
+    Nvs(#[from] NvsError),
+    /// The task runtime.
+    #[error("cannot start the task runtime: {0}")]
+    Runtime(#[from] rcs::BuildError),
+    /// A thread could not start.
+    #[error("cannot start a thread: {0}")]
+    Thread(#[from] std::io::Error),
+}
+
+/// What start-up found.
+#[derive(Debug, Clone)]
+pub struct StartupReport {
+    /// The NVS scan.
+    pub scan: ScanReport,
+    /// Tracks found dirty (records replayed).
+    pub replayed_tracks: u64,
+    /// Time from open to ready.
+    pub elapsed: Duration,
+}
+
+/// A running controller.
+pub struct Controller {
+    pub(crate) config: Config,
+    pub(crate) volume: Volume,
+    pub(crate) nvs: Nvs,
+    pub(crate) cache: Cache,
+    pub(crate) destage: DestageQueue,
+    pub(crate) metrics: Metrics,
+    pub(crate) export: ExportInfo,
+    pub(crate) groups: Groups,
+    pub(crate) rt: rcs::Handle,
+    runtime: Mutex<Option<rcs::Runtime>>,
+    pub(crate) timer: Timer,
+    pub(crate) stopping: AtomicBool,
+    startup: StartupReport,
+}
+
+impl std::fmt::Debug for Controller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Controller")
+            .field("listen", &self.config.listen)
+            .field("volume", &self.volume.label())
+            .finish_non_exhaustive()
+    }
+}
+
+fn build_runtime(config: &Config) -> Result<(rcs::Runtime, Groups), OpenError> {
+    let workers = if config.workers == 0 {
+        std::thread::available_parallelism().map_or(2, |n| n.get())
+    } else {
+        config.workers
+    };
+    let policy = config.rcs_policy()?;
+    // Relative task load per group (for sigma and the static mapping).
+    let weights = [3.0, 3.0, 1.0, 2.0, 1.0, 0.2];
+    let names = ["host", "cache", "nvs", "device", "destage", "background"];
+    let mapping = rcs::proportional_mapping(&weights, workers);
+    let total: f64 = weights.iter().sum();
+    let mut b = rcs::Runtime::builder();
+    b.workers(workers)
+        .policy(policy)
+        .queue_capacity(16_384)
+        .thread_name("rebound-worker");
+    let ids: Vec<rcs::GroupId> = names
+        .iter()
+        .zip(weights)
+        .zip(mapping)
+        .map(|((name, w), pools)| {
+            let sigma = ((workers as f64 * w / total).round() as u32).max(1);
+            b.group(rcs::GroupSpec::new(*name).sigma(sigma).pools(pools))
+        })
+        .collect();
+    let runtime = b.build()?;
+    Ok((
+        runtime,
+        Groups {
+            host: ids[0],
+            cache: ids[1],
+            nvs: ids[2],
+            device: ids[3],
+            destage: ids[4],
+            background: ids[5],
+        },
+    ))
+}
+
+impl Controller {
+    /// Open (or create) the volume and NVS, replay the NVS, start the
+    /// runtime.
+    pub fn open(config: Config) -> Result<Arc<Self>, OpenError> {
+        let started = Instant::now();
+        config.validate()?;
+        let volume = Volume::open_or_create(
+            &config.data_dir,
+            config.volume_size,
+            config.devices,
+            config.direct_io,
+        )?;
+        let (nvs, scan) = Nvs::open_or_create(
+            &config.nvs_path(),
+            config.nvs_size,
+            volume.label().id,
+            volume.tracks(),
+        )?;
+        let cache = Cache::new((config.cache_size / TRACK_BYTES as u64) as usize);
+        let destage = DestageQueue::default();
+        let mut free = Vec::new();
+        let mut records = scan.records.clone();
+        records.sort_by_key(|r| r.seq);
+        for r in &records {
+            let applied = cache.recover_dirty(r.track, r.slot, r.seq);
+            free.extend(applied.free);
+            if applied.queue {
+                destage.push(r.track);
+            }
+        }
+        nvs.free(&free);
+        let replayed_tracks = cache.dirty_tracks();
+        let (runtime, groups) = build_runtime(&config)?;
+        let export = ExportInfo {
+            name: "rebound".into(),
+            description: format!(
+                "rebound volume {:#x}, {} bytes",
+                volume.label().id,
+                config.volume_size
+            ),
+            size_bytes: config.volume_size,
+            min_block_bytes: TRACK_BYTES as u32,
+            preferred_block_bytes: TRACK_BYTES as u32,
+            max_payload_bytes: MAX_PAYLOAD_BYTES,
+        };
+        let ctl = Arc::new(Self {
+            rt: runtime.handle(),
+            runtime: Mutex::new(Some(runtime)),
+            timer: Timer::start("rebound-timer")?,
+            config,
+            volume,
+            nvs,
+            cache,
+            destage,
+            metrics: Metrics::default(),
+            export,
+            groups,
+            stopping: AtomicBool::new(false),
+            startup: StartupReport {
+                scan,
+                replayed_tracks,
+                elapsed: started.elapsed(),
+            },
+        });
+        if replayed_tracks > 0 {
+            tracing::info!(
+                tracks = replayed_tracks,
+                "replayed dirty tracks from the NVS"
+            );
+        }
+        crate::destage::start_tick(&ctl);
+        crate::destage::kick(&ctl);
+        Ok(ctl)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// What start-up found.
+    pub fn startup(&self) -> &StartupReport {
+        &self.startup
+    }
+
+    /// The export as clients see it.
+    pub fn export(&self) -> &ExportInfo {
+        &self.export
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The task runtime.
+    pub fn runtime(&self) -> &rcs::Handle {
+        &self.rt
+    }
+
+    /// The recovery groups.
+    pub fn groups(&self) -> Groups {
+        self.groups
+    }
+
+    /// Values for the metrics exposition.
+    pub fn gauges(&self) -> Gauges {
+        let s = self.cache.stats();
+        let total = u64::from(self.nvs.slot_count());
+        Gauges {
+            cache: (
+                s.hits.load(Ordering::Relaxed),
+                s.nvs_hits.load(Ordering::Relaxed),
+                s.misses.load(Ordering::Relaxed),
+            ),
+            frames_rebuilt: s.frames_rebuilt.load(Ordering::Relaxed),
+            nvs: (total - u64::from(self.nvs.free_slots()), total),
+            dirty_tracks: self.cache.dirty_tracks(),
+            rcs: Some(self.rt.metrics()),
+        }
+    }
+
+    /// Prometheus text.
+    pub fn render_metrics(&self) -> String {
+        self.metrics.render(&self.gauges())
+    }
+
+    /// Tracks not yet destaged.
+    pub fn dirty_tracks(&self) -> u64 {
+        self.cache.dirty_tracks()
+    }
+
+    /// Destage every dirty track and make the devices durable (the work of
+    /// FLUSH, and of a clean shutdown).
+    pub fn flush_all(&self) -> std::io::Result<()> {
+        crate::destage::destage_all(self)?;
+        match self.config.flush {
+            FlushPolicy::Devices => self.volume.sync(),
+            FlushPolicy::Nvs => self.nvs.sync().map_err(std::io::Error::other),
+        }
+    }
+
+    /// Stop: refuse new work, destage everything, sync, stop the runtime.
+    /// Connections must already be closed. Returns the flush result.
+    pub fn shutdown(&self) -> std::io::Result<()> {
+        self.stopping.store(true, Ordering::SeqCst);
+        let flushed = self.flush_all();
+        if let Some(rt) = self.runtime.lock().take() {
+            rt.shutdown(Duration::from_secs(10));
+        }
+        self.timer.stop();
+        self.nvs.close();
+        flushed
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        self.timer.stop();
+        self.nvs.close();
+    }
+}

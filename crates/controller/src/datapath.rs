@@ -1,0 +1,542 @@
+//! The I/O path: one request, moving through tasks of the component groups.
+//!
+//! ```text
+//! READ:   host: validate ─► cache: hits (frames, NVS records) ─► [device: stage misses] ─► host: reply
+//! WRITE:  host: validate ─► nvs: write records ─► cache: apply ─► [device: FUA destage+sync] ─► host: reply
+//! FLUSH:  host: validate ─► device: destage all dirty, sync ─► host: reply
+//! TRIM, WRITE_ZEROES: host: validate ─► device: fence destage, zero devices, drop older records ─► host: reply
+//! ```
+//!
+//! A request is owned by exactly one task at a time (`Box<Request>` moves
+//! from stage to stage). Its `Drop` is the request's clean-up block: a
+//! request dropped without a reply (a task that failed, a runtime shutting
+//! down) replies `EIO` and gives back its NVS slots, so a client is never
+//! left waiting and no slot leaks.
+
+// Every stage has the `Stage` signature: requests move between tasks boxed,
+// so a stage that finishes the request still takes a `Box`.
+#![allow(clippy::boxed_local)]
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use rcs::{Failure, Priority, TaskCtx};
+
+use crate::config::FlushPolicy;
+use crate::connection::Connection;
+use crate::controller::Controller;
+use crate::limits::{MAX_PAYLOAD_BYTES, TRACK_BYTES};
+use crate::metrics::Op;
+use crate::nbd::proto::{NbdError, RequestHeader, cflags, cmd};
+
+/// Where a write's NVS slots stand (for the clean-up on drop).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SlotState {
+    /// Reserved, not yet written: give back.
+    Reserved,
+    /// Records written, not yet in the directory: free.
+    Written,
+    /// Owned by the cache directory now.
+    Applied,
+}
+
+/// One NBD request in flight.
+pub(crate) struct Request {
+    pub(crate) conn: Arc<Connection>,
+    pub(crate) header: RequestHeader,
+    pub(crate) payload: Vec<u8>,
+    pub(crate) slots: Vec<u32>,
+    pub(crate) slot_state: SlotState,
+    pub(crate) data: Vec<u8>,
+    pub(crate) misses: Vec<(usize, u64)>,
+    pub(crate) received: Instant,
+    /// An error decided before validation (payload over the limit).
+    pub(crate) early_error: Option<(NbdError, &'static str)>,
+    replied: bool,
+}
+
+impl std::fmt::Debug for Request {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Request")
+            .field("header", &self.header)
+            .field("slots", &self.slots.len())
+            .finish()
+    }
+}
+
+impl Request {
+    pub(crate) fn new(conn: Arc<Connection>, header: RequestHeader) -> Self {
+        Self {
+            conn,
+            header,
+            payload: Vec::new(),
+            slots: Vec::new(),
+            slot_state: SlotState::Reserved,
+            data: Vec::new(),
+            misses: Vec::new(),
+            received: Instant::now(),
+            early_error: None,
+            replied: false,
+        }
+    }
+
+    fn ctl(&self) -> &Arc<Controller> {
+        &self.conn.ctl
+    }
+
+    fn first_track(&self) -> u64 {
+        self.header.offset / TRACK_BYTES as u64
+    }
+
+    fn tracks(&self) -> u64 {
+        u64::from(self.header.length) / TRACK_BYTES as u64
+    }
+
+    fn op(&self) -> Op {
+        match self.header.kind {
+            cmd::READ => Op::Read,
+            cmd::WRITE => Op::Write,
+            cmd::FLUSH => Op::Flush,
+            cmd::TRIM => Op::Trim,
+            cmd::WRITE_ZEROES => Op::WriteZeroes,
+            _ => Op::Other,
+        }
+    }
+
+    /// Send the reply (data for a successful READ) and finish the request.
+    pub(crate) fn reply(mut self, result: Result<(), (NbdError, &str)>) {
+        self.replied = true;
+        self.give_back_slots();
+        let ok = result.is_ok();
+        let op = self.op();
+        let bytes = u64::from(self.header.length);
+        let data = std::mem::take(&mut self.data);
+        self.conn.send_reply(&self.header, result, data);
+        self.ctl()
+            .metrics
+            .record(op, bytes, ok, self.received.elapsed());
+    }
+
+    fn give_back_slots(&mut self) {
+        let slots = std::mem::take(&mut self.slots);
+        match self.slot_state {
+            SlotState::Reserved => self.ctl().nvs.release(&slots),
+            SlotState::Written => self.ctl().nvs.free(&slots),
+            SlotState::Applied => {}
+        }
+    }
+}
+
+impl Drop for Request {
+    fn drop(&mut self) {
+        if self.replied {
+            self.conn.finish_request();
+            return;
+        }
+        // The clean-up block of a request whose task did not finish.
+        self.replied = true;
+        self.give_back_slots();
+        tracing::warn!(
+            cookie = self.header.cookie,
+            kind = self.header.kind,
+            "request dropped without a reply; answering EIO"
+        );
+        let data = std::mem::take(&mut self.data);
+        self.conn.send_reply(
+            &self.header,
+            Err((NbdError::Io, "request failed inside the controller")),
+            data,
+        );
+        self.conn
+            .ctl
+            .metrics
+            .record(self.op(), 0, false, self.received.elapsed());
+        self.conn.finish_request();
+    }
+}
+
+type Stage = fn(&mut TaskCtx<'_>, Box<Request>) -> Result<(), Failure>;
+
+/// Hand `req` to `stage` as a task of `group`.
+fn next(
+    ctx: &mut TaskCtx<'_>,
+    group: rcs::GroupId,
+    priority: Priority,
+    req: Box<Request>,
+    stage: Stage,
+) {
+    let kind = std::any::type_name_of_val(&stage);
+    let result = ctx.submit_named(group, priority, kind, move |ctx| stage(ctx, req));
+    if let Err(e) = result {
+        // The task (and the request in it) was dropped: its clean-up block
+        // has replied. Nothing more to do here.
+        tracing::error!(error = %e, "could not submit the next stage of a request");
+    }
+}
+
+/// Submit a received request (called by the connection's reader thread).
+/// If the runtime refuses it (shutting down), the dropped request's
+/// clean-up block answers the client.
+pub(crate) fn submit(req: Box<Request>) {
+    let ctl = Arc::clone(req.ctl());
+    let submitted = ctl.rt.submit_named(
+        ctl.groups.host,
+        Priority::High,
+        "host.receive",
+        move |ctx| receive(ctx, req),
+    );
+    if let Err(e) = submitted {
+        tracing::warn!(error = %e, "request refused by the task runtime");
+    }
+}
+
+/// host: validate and route.
+fn receive(ctx: &mut TaskCtx<'_>, req: Box<Request>) -> Result<(), Failure> {
+    if let Some((e, msg)) = req.early_error {
+        req.reply(Err((e, msg)));
+        return Ok(());
+    }
+    let h = req.header;
+    if let Err((e, msg)) = validate(&h, req.ctl().export.size_bytes, req.conn.structured) {
+        req.reply(Err((e, msg)));
+        return Ok(());
+    }
+    let g = req.ctl().groups;
+    let no_data = h.length == 0 && h.kind != cmd::FLUSH;
+    if no_data {
+        req.reply(Ok(()));
+        return Ok(());
+    }
+    match h.kind {
+        cmd::READ => next(ctx, g.cache, Priority::High, req, cache_read),
+        cmd::WRITE => next(ctx, g.nvs, Priority::High, req, nvs_write),
+        cmd::FLUSH => next(ctx, g.device, Priority::Medium, req, flush),
+        cmd::TRIM | cmd::WRITE_ZEROES => next(ctx, g.device, Priority::Medium, req, zero),
+        _ => unreachable!("validate refuses other commands"),
+    }
+    Ok(())
+}
+
+/// Check a request against the protocol and the export.
+pub(crate) fn validate(
+    h: &RequestHeader,
+    size: u64,
+    structured: bool,
+) -> Result<(), (NbdError, &'static str)> {
+    let allowed = match h.kind {
+        cmd::READ if structured => cflags::FUA | cflags::DF,
+        cmd::READ | cmd::WRITE | cmd::TRIM | cmd::FLUSH => cflags::FUA,
+        cmd::WRITE_ZEROES => cflags::FUA | cflags::NO_HOLE,
+        cmd::CACHE | cmd::BLOCK_STATUS => {
+            return Err((NbdError::Inval, "command not supported by this server"));
+        }
+        _ => return Err((NbdError::Inval, "unknown command")),
+    };
+    if h.flags & !allowed != 0 {
+        return Err((NbdError::Inval, "command flag not valid for this command"));
+    }
+    if h.kind == cmd::FLUSH {
+        return if h.offset == 0 && h.length == 0 {
+            Ok(())
+        } else {
+            Err((NbdError::Inval, "FLUSH needs offset and length 0"))
+        };
+    }
+    let track = TRACK_BYTES as u64;
+    if !h.offset.is_multiple_of(track) || u64::from(h.length) % track != 0 {
+        return Err((
+            NbdError::Inval,
+            "offset and length must be multiples of 4096",
+        ));
+    }
+    let past_end = h
+        .offset
+        .checked_add(u64::from(h.length))
+        .is_none_or(|end| end > size);
+    if past_end {
+        return Err(if h.kind == cmd::WRITE {
+            (NbdError::NoSpc, "write past the end of the export")
+        } else {
+            (NbdError::Inval, "request past the end of the export")
+        });
+    }
+    if h.kind == cmd::READ && h.length > MAX_PAYLOAD_BYTES {
+        return Err((NbdError::Overflow, "read larger than the maximum payload"));
+    }
+    Ok(())
+}
+
+/// cache: serve hits from frames and NVS records; collect misses.
+fn cache_read(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failure> {
+    let ctl = Arc::clone(req.ctl());
+    req.data = vec![0u8; req.header.length as usize];
+    let first = req.first_track();
+    let mut misses = Vec::new();
+    for (i, chunk) in req.data.chunks_mut(TRACK_BYTES).enumerate() {
+        match ctl.cache.read(first + i as u64, chunk, &ctl.nvs) {
+            Ok(crate::cache::ReadOutcome::Miss { epoch }) => misses.push((i, epoch)),
+            Ok(_) => {}
+            Err(e) => {
+                tracing::error!(error = %e, "reading a dirty track from the NVS");
+                req.reply(Err((NbdError::Io, "NVS record failed its checksum")));
+                return Ok(());
+            }
+        }
+    }
+    if misses.is_empty() {
+        next(ctx, ctl.groups.host, Priority::High, req, reply_ok);
+    } else {
+        req.misses = misses;
+        next(ctx, ctl.groups.device, Priority::High, req, device_stage);
+    }
+    Ok(())
+}
+
+/// device: read missing tracks from the devices, install them in the cache.
+fn device_stage(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failure> {
+    let ctl = Arc::clone(req.ctl());
+    let first = req.first_track();
+    let misses = std::mem::take(&mut req.misses);
+    let mut modelled = std::time::Duration::ZERO;
+    for &(i, epoch) in &misses {
+        let track = first + i as u64;
+        let chunk = &mut req.data[i * TRACK_BYTES..(i + 1) * TRACK_BYTES];
+        let (dev, offset) = ctl.volume.locate(track);
+        if let Err(e) = dev.read_at(chunk, offset) {
+            tracing::error!(error = %e, track, "device read failed");
+            req.reply(Err((NbdError::Io, "device read failed")));
+            return Ok(());
+        }
+        ctl.cache.install_staged(track, chunk, epoch);
+        modelled += ctl.config.device_latency.service_time(TRACK_BYTES);
+    }
+    continue_after(ctx, &ctl, modelled, req, reply_ok);
+    Ok(())
+}
+
+/// Continue with `stage` in the host group now, or when a modelled device
+/// service time has passed (without holding the worker).
+fn continue_after(
+    ctx: &mut TaskCtx<'_>,
+    ctl: &Arc<Controller>,
+    modelled: std::time::Duration,
+    req: Box<Request>,
+    stage: Stage,
+) {
+    if modelled.is_zero() {
+        next(ctx, ctl.groups.host, Priority::High, req, stage);
+        return;
+    }
+    let handle = ctx.handle();
+    let host = ctl.groups.host;
+    ctl.timer.after(modelled, move || {
+        let _ = handle.submit_named(host, Priority::High, "host.reply", move |ctx| {
+            stage(ctx, req)
+        });
+    });
+}
+
+/// nvs: write one record per track into the reserved slots.
+fn nvs_write(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failure> {
+    let ctl = Arc::clone(req.ctl());
+    let tracks = req.tracks();
+    debug_assert_eq!(req.slots.len() as u64, tracks);
+    let first_seq = ctl.nvs.next_seqs(tracks);
+    let first = req.first_track();
+    req.slot_state = SlotState::Written;
+    for (i, chunk) in req.payload.chunks(TRACK_BYTES).enumerate() {
+        ctl.nvs
+            .write_record(req.slots[i], first_seq + i as u64, first + i as u64, chunk);
+    }
+    req.misses = vec![(0, first_seq)];
+    next(ctx, ctl.groups.cache, Priority::High, req, cache_apply);
+    Ok(())
+}
+
+/// cache: put the written tracks in the directory (and cache), free
+/// superseded records, queue destage.
+fn cache_apply(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failure> {
+    let ctl = Arc::clone(req.ctl());
+    let first_seq = req.misses[0].1;
+    let first = req.first_track();
+    let mut free = Vec::new();
+    for (i, chunk) in req.payload.chunks(TRACK_BYTES).enumerate() {
+        let track = first + i as u64;
+        let applied = ctl
+            .cache
+            .apply_write(track, req.slots[i], first_seq + i as u64, chunk);
+        free.extend(applied.free);
+        if applied.queue {
+            ctl.destage.push(track);
+        }
+    }
+    req.slot_state = SlotState::Applied;
+    req.slots.clear();
+    ctl.nvs.free(&free);
+    crate::destage::kick(&ctl);
+    if req.header.flags & cflags::FUA != 0 {
+        next(ctx, ctl.groups.device, Priority::High, req, fua);
+    } else {
+        req.payload = Vec::new();
+        next(ctx, ctl.groups.host, Priority::High, req, reply_ok);
+    }
+    Ok(())
+}
+
+/// device: make a FUA write durable before its reply.
+fn fua(_ctx: &mut TaskCtx<'_>, req: Box<Request>) -> Result<(), Failure> {
+    let ctl = Arc::clone(req.ctl());
+    let result = match ctl.config.flush {
+        FlushPolicy::Devices => {
+            let first = req.first_track();
+            (first..first + req.tracks())
+                .try_for_each(|t| crate::destage::force(&ctl, t))
+                .and_then(|()| ctl.volume.sync())
+        }
+        FlushPolicy::Nvs => ctl.nvs.sync().map_err(std::io::Error::other),
+    };
+    finish_io(*req, result);
+    Ok(())
+}
+
+/// device: FLUSH.
+fn flush(_ctx: &mut TaskCtx<'_>, req: Box<Request>) -> Result<(), Failure> {
+    let result = req.ctl().flush_all();
+    finish_io(*req, result);
+    Ok(())
+}
+
+/// device: TRIM and WRITE_ZEROES (both leave the range reading as zeroes).
+fn zero(_ctx: &mut TaskCtx<'_>, req: Box<Request>) -> Result<(), Failure> {
+    let ctl = Arc::clone(req.ctl());
+    let (first, end) = (req.first_track(), req.first_track() + req.tracks());
+    let keep = req.header.kind == cmd::WRITE_ZEROES && req.header.flags & cflags::NO_HOLE != 0;
+    let seq = ctl.nvs.next_seqs(1);
+    ctl.cache.begin_zeroing(first, end);
+    while ctl.cache.destaging_in(first, end) {
+        std::thread::yield_now();
+    }
+    let zeroed = ctl.volume.zero_tracks(first, end, keep);
+    // Even if the devices failed, lift the fence: records stay dirty and
+    // the old data is still what reads return.
+    let freed = if zeroed.is_ok() {
+        ctl.cache.end_zeroing(first, end, seq)
+    } else {
+        ctl.cache.end_zeroing(first, end, 0)
+    };
+    ctl.nvs.free(&freed);
+    let synced = zeroed.and_then(|()| {
+        if req.header.flags & cflags::FUA != 0 {
+            ctl.volume.sync()
+        } else {
+            Ok(())
+        }
+    });
+    finish_io(*req, synced);
+    Ok(())
+}
+
+fn finish_io(req: Request, result: std::io::Result<()>) {
+    match result {
+        Ok(()) => req.reply(Ok(())),
+        Err(e) => {
+            tracing::error!(error = %e, "device operation failed");
+            req.reply(Err((NbdError::Io, "device I/O failed")));
+        }
+    }
+}
+
+/// host: a successful reply.
+#[allow(
+    clippy::boxed_local,
+    reason = "a Stage: requests move between tasks boxed"
+)]
+fn reply_ok(_ctx: &mut TaskCtx<'_>, req: Box<Request>) -> Result<(), Failure> {
+    req.reply(Ok(()));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(kind: u16, flags: u16, offset: u64, length: u32) -> RequestHeader {
+        RequestHeader {
+            flags,
+            kind,
+            cookie: 1,
+            offset,
+            length,
+        }
+    }
+
+    #[test]
+    fn validation_refuses_bad_ranges_flags_alignment_and_commands() {
+        let size = 1 << 20;
+        assert!(validate(&h(cmd::READ, 0, 0, 4096), size, false).is_ok());
+        assert!(validate(&h(cmd::WRITE, cflags::FUA, size - 4096, 4096), size, false).is_ok());
+        let e = |r: Result<(), (NbdError, &str)>| r.unwrap_err().0;
+        assert_eq!(
+            e(validate(&h(cmd::WRITE, 0, size, 4096), size, false)),
+            NbdError::NoSpc
+        );
+        assert_eq!(
+            e(validate(&h(cmd::READ, 0, size, 4096), size, false)),
+            NbdError::Inval
+        );
+        assert_eq!(
+            e(validate(
+                &h(cmd::READ, 0, u64::MAX - 4095, 4096),
+                size,
+                false
+            )),
+            NbdError::Inval
+        );
+        assert_eq!(
+            e(validate(
+                &h(cmd::WRITE, 0, u64::MAX - 4095, 8192),
+                size,
+                false
+            )),
+            NbdError::NoSpc
+        );
+        assert_eq!(
+            e(validate(&h(cmd::READ, 0, 512, 4096), size, false)),
+            NbdError::Inval
+        );
+        assert_eq!(
+            e(validate(&h(cmd::READ, 0, 0, 100), size, false)),
+            NbdError::Inval
+        );
+        assert_eq!(
+            e(validate(&h(cmd::READ, cflags::DF, 0, 4096), size, false)),
+            NbdError::Inval
+        );
+        assert!(validate(&h(cmd::READ, cflags::DF, 0, 4096), size, true).is_ok());
+        assert_eq!(
+            e(validate(
+                &h(cmd::WRITE_ZEROES, cflags::FAST_ZERO, 0, 4096),
+                size,
+                false
+            )),
+            NbdError::Inval
+        );
+        assert_eq!(
+            e(validate(&h(cmd::FLUSH, 0, 4096, 0), size, false)),
+            NbdError::Inval
+        );
+        assert_eq!(e(validate(&h(42, 0, 0, 0), size, false)), NbdError::Inval);
+        assert_eq!(
+            e(validate(&h(cmd::BLOCK_STATUS, 0, 0, 4096), size, false)),
+            NbdError::Inval
+        );
+        assert_eq!(
+            e(validate(
+                &h(cmd::READ, 0, 0, MAX_PAYLOAD_BYTES + 4096),
+                1 << 40,
+                false
+            )),
+            NbdError::Overflow
+        );
+    }
+}

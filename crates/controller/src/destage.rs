@@ -1,0 +1,219 @@
+//! Destage: write dirty tracks from the NVS to the devices, then free their
+//! NVS records.
+//!
+//! Background destage runs as low-priority tasks of the `destage` group, at
+//! most [`DESTAGE_TASKS_MAX`] at a time, each writing up to
+//! [`DESTAGE_BATCH_TRACKS`] tracks before handing the worker back. A track is
+//! queued when it becomes dirty (and again if rewritten during its
+//! destage); a periodic tick requeues tracks whose destage failed and keeps
+//! the NVS draining when the host is idle.
+//!
+//! Ordering: the cache directory allows one destage per track at a time and
+//! always destages the track's newest record, so an older write never
+//! overwrites a newer one on the device. The record's slot is freed only
+//! after the device write returned.
+//!
+//! A record that fails its checksum when read for destage is destaged from
+//! the cache frame holding the same data, if there is one (the frame is a
+//! copy made under the same lock when the record was applied).
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use rcs::Priority;
+
+use crate::controller::Controller;
+use crate::limits::{DESTAGE_BATCH_TRACKS, DESTAGE_TASKS_MAX, TRACK_BYTES};
+
+/// Period of the destage tick.
+pub const TICK: Duration = Duration::from_millis(100);
+/// How long a forced destage waits for another destage of the same track.
+const FORCE_WAIT: Duration = Duration::from_secs(30);
+
+/// Tracks waiting for destage.
+#[derive(Debug, Default)]
+pub struct DestageQueue {
+    queue: Mutex<VecDeque<u64>>,
+    failed: Mutex<Vec<u64>>,
+    inflight: AtomicU32,
+}
+
+impl DestageQueue {
+    /// Queue a track (the cache directory dedupes).
+    pub fn push(&self, track: u64) {
+        self.queue.lock().push_back(track);
+    }
+
+    fn pop_batch(&self) -> Vec<u64> {
+        let mut q = self.queue.lock();
+        let n = q.len().min(DESTAGE_BATCH_TRACKS);
+        q.drain(..n).collect()
+    }
+
+    /// Tracks queued.
+    pub fn len(&self) -> usize {
+        self.queue.lock().len()
+    }
+
+    /// Whether nothing is queued.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Start a destage task if there is work and room for one.
+pub(crate) fn kick(ctl: &Arc<Controller>) {
+    let q = &ctl.destage;
+    loop {
+        let n = q.inflight.load(Ordering::Acquire);
+        if n >= DESTAGE_TASKS_MAX || q.is_empty() {
+            return;
+        }
+        if q.inflight
+            .compare_exchange(n, n + 1, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            break;
+        }
+    }
+    let c = Arc::clone(ctl);
+    let submitted = ctl.rt.submit_named(
+        ctl.groups.destage,
+        Priority::Low,
+        "destage.batch",
+        move |_ctx| {
+            batch(&c);
+            Ok(())
+        },
+    );
+    if submitted.is_err() {
+        q.inflight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// One destage task: a batch, then either another task or stop.
+fn batch(ctl: &Arc<Controller>) {
+    for track in ctl.destage.pop_batch() {
+        if let Err(e) = one(ctl, track) {
+            tracing::warn!(track, error = %e, "destage failed; will retry");
+            ctl.destage.failed.lock().push(track);
+        }
+    }
+    let q = &ctl.destage;
+    if !q.is_empty() && !ctl.stopping.load(Ordering::Relaxed) {
+        let c = Arc::clone(ctl);
+        let resubmitted = ctl.rt.submit_named(
+            ctl.groups.destage,
+            Priority::Low,
+            "destage.batch",
+            move |_ctx| {
+                batch(&c);
+                Ok(())
+            },
+        );
+        if resubmitted.is_ok() {
+            return;
+        }
+    }
+    q.inflight.fetch_sub(1, Ordering::AcqRel);
+}
+
+/// Destage `track` if it is dirty and no destage of it is in flight.
+/// `Ok(false)`: nothing was done.
+fn one(ctl: &Controller, track: u64) -> std::io::Result<bool> {
+    let Some(d) = ctl.cache.begin_destage(track) else {
+        return Ok(false);
+    };
+    let mut buf = vec![0u8; TRACK_BYTES];
+    let written = read_record(ctl, track, d, &mut buf).and_then(|()| {
+        let (dev, offset) = ctl.volume.locate(track);
+        dev.write_at(&buf, offset)
+    });
+    let end = ctl.cache.end_destage(track, d, written.is_ok());
+    if let Some(slot) = end.free {
+        ctl.nvs.free(&[slot]);
+    }
+    if end.queue && written.is_ok() {
+        ctl.destage.push(track);
+    }
+    match written {
+        Ok(()) => {
+            ctl.metrics.destaged_tracks.fetch_add(1, Ordering::Relaxed);
+            Ok(true)
+        }
+        Err(e) => {
+            ctl.metrics.destage_errors.fetch_add(1, Ordering::Relaxed);
+            Err(e)
+        }
+    }
+}
+
+fn read_record(
+    ctl: &Controller,
+    track: u64,
+    d: crate::cache::Dirty,
+    buf: &mut [u8],
+) -> std::io::Result<()> {
+    match ctl.nvs.read_record(d.slot, track, d.seq, buf) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            if ctl.cache.dirty_copy(track, d, buf) {
+                tracing::error!(track, error = %e, "NVS record corrupt; destaging the cached copy");
+                Ok(())
+            } else {
+                Err(std::io::Error::other(e))
+            }
+        }
+    }
+}
+
+/// Destage `track` now, waiting for a destage of it already in flight.
+/// Done when this call destaged the track's newest record (at least as new
+/// as any write acknowledged before the call) or the track is clean.
+pub(crate) fn force(ctl: &Controller, track: u64) -> std::io::Result<()> {
+    let deadline = Instant::now() + FORCE_WAIT;
+    loop {
+        if one(ctl, track)? || !ctl.cache.is_dirty(track) {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("track {track} stayed dirty for {FORCE_WAIT:?}"),
+            ));
+        }
+        std::thread::sleep(Duration::from_micros(50));
+    }
+}
+
+/// Destage every track dirty now (FLUSH, clean shutdown).
+pub(crate) fn destage_all(ctl: &Controller) -> std::io::Result<()> {
+    for track in ctl.cache.dirty_snapshot() {
+        force(ctl, track)?;
+    }
+    Ok(())
+}
+
+/// Start the periodic tick (it stops when the controller is dropped or
+/// stopping).
+pub(crate) fn start_tick(ctl: &Arc<Controller>) {
+    schedule_tick(Arc::downgrade(ctl), &ctl.timer);
+}
+
+fn schedule_tick(weak: Weak<Controller>, timer: &crate::timer::Timer) {
+    timer.after(TICK, move || {
+        let Some(ctl) = weak.upgrade() else { return };
+        if ctl.stopping.load(Ordering::Relaxed) {
+            return;
+        }
+        let failed = std::mem::take(&mut *ctl.destage.failed.lock());
+        for t in failed {
+            ctl.destage.push(t);
+        }
+        kick(&ctl);
+        schedule_tick(Arc::downgrade(&ctl), &ctl.timer);
+    });
+}

@@ -1,0 +1,48 @@
+//! # controller: the rebound storage controller
+//!
+//! A block storage server that speaks NBD. It caches reads, absorbs writes
+//! in a non-volatile write cache (NVS), destages them to backend devices,
+//! and runs every step of an I/O as short tasks of the component recovery
+//! groups on the [`rcs`] runtime (DESIGN.md, "Controller components and
+//! recovery groups").
+//!
+//! | module | component |
+//! |---|---|
+//! | [`nbd`], [`connection`] | host adapter: handshake, request framing, batched replies |
+//! | [`datapath`] | the I/O path as tasks, stage by stage |
+//! | [`cache`] | cache directory, CLOCK read cache, control-block check words |
+//! | [`nvs`] | NVS: self-describing, checksummed records in a mapped file |
+//! | [`destage`] | destage of dirty tracks, FLUSH and FUA |
+//! | [`device`], [`volume`] | backend devices and the volume's track striping |
+//! | [`controller`] | composition, start-up replay of the NVS, shutdown |
+//! | [`server`] | the listener |
+//! | [`metrics`], [`http`] | counters, histograms, Prometheus endpoint |
+//! | [`config`], [`limits`] | configuration and every bound |
+//!
+//! The invariant: a write acknowledged to a client is in the NVS (or on the
+//! devices) before its reply is sent, and is never lost; a read never
+//! returns data that was not written.
+
+#![deny(unsafe_code)]
+
+pub mod cache;
+pub mod config;
+pub mod connection;
+pub mod controller;
+pub mod datapath;
+pub mod destage;
+#[allow(unsafe_code)]
+pub mod device;
+pub mod http;
+pub mod limits;
+pub mod metrics;
+pub mod nbd;
+#[allow(unsafe_code)]
+pub mod nvs;
+pub mod server;
+pub mod timer;
+pub mod volume;
+
+pub use config::{Config, ConfigError, FlushPolicy, LatencyConfig, parse_size};
+pub use controller::{Controller, Groups, OpenError, StartupReport};
+pub use server::Server;

@@ -1,0 +1,554 @@
+//! The fixed newstyle handshake (proto.md "Fixed newstyle negotiation",
+//! "Option types"): options EXPORT_NAME, ABORT, LIST, INFO, GO and
+//! STRUCTURED_REPLY; STARTTLS and metadata contexts are answered
+//! `NBD_REP_ERR_UNSUP`, like any unknown option.
+//!
+//! Bad input never crashes the server: a wrong magic, unknown client flags,
+//! an option over [`OPTION_DATA_MAX`] bytes or more than [`OPTIONS_MAX`]
+//! options end this connection (a hard disconnect, as the protocol allows);
+//! malformed option data gets `NBD_REP_ERR_INVALID` and negotiation goes on;
+//! an unknown export gets `NBD_REP_ERR_UNKNOWN` (or, for EXPORT_NAME, which
+//! cannot report errors, a hard disconnect).
+
+use std::io::{self, Read, Write};
+
+use super::proto::{
+    FLAG_C_FIXED_NEWSTYLE, FLAG_C_NO_ZEROES, FLAG_FIXED_NEWSTYLE, FLAG_NO_ZEROES, IHAVEOPT,
+    NBDMAGIC, OPTION_REPLY_MAGIC, info, opt, rep, tflags,
+};
+
+/// Largest option payload accepted (NBD strings are at most 4 KiB).
+pub const OPTION_DATA_MAX: u32 = 64 * 1024;
+/// Most options accepted in one negotiation.
+pub const OPTIONS_MAX: u32 = 256;
+
+/// What the server tells clients about its export.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportInfo {
+    /// Canonical name (listed by LIST; "" is accepted as an alias).
+    pub name: String,
+    /// Human-readable description.
+    pub description: String,
+    /// Export size.
+    pub size_bytes: u64,
+    /// Minimum block size (alignment of offsets and lengths).
+    pub min_block_bytes: u32,
+    /// Preferred block size.
+    pub preferred_block_bytes: u32,
+    /// Largest READ or WRITE payload.
+    pub max_payload_bytes: u32,
+}
+
+impl ExportInfo {
+    /// Whether `requested` names this export ("" is the default export).
+    pub fn matches(&self, requested: &[u8]) -> bool {
+        requested.is_empty() || requested == self.name.as_bytes()
+    }
+
+    /// Transmission flags for a session.
+    pub fn transmission_flags(&self, structured: bool) -> u16 {
+        let mut flags = tflags::HAS_FLAGS
+            | tflags::SEND_FLUSH
+            | tflags::SEND_FUA
+            | tflags::SEND_TRIM
+            | tflags::SEND_WRITE_ZEROES
+            | tflags::CAN_MULTI_CONN;
+        if structured {
+            flags |= tflags::SEND_DF;
+        }
+        flags
+    }
+}
+
+/// The result of a successful negotiation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Negotiated {
+    /// Structured replies were negotiated.
+    pub structured: bool,
+}
+
+/// How negotiation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Enter the transmission phase.
+    Transmission(Negotiated),
+    /// The client aborted (NBD_OPT_ABORT) or listed and left.
+    Aborted,
+}
+
+/// Why negotiation ended without a session (the connection is closed).
+#[derive(Debug, thiserror::Error)]
+pub enum HandshakeError {
+    /// The socket failed or the client hung up.
+    #[error("connection failed during the handshake: {0}")]
+    Io(#[from] io::Error),
+    /// Client flags the server did not offer.
+    #[error("client sent unknown flags {0:#x}")]
+    BadClientFlags(u32),
+    /// An option without the IHAVEOPT magic.
+    #[error("option with bad magic {0:#x}")]
+    BadOptionMagic(u64),
+    /// An option payload over [`OPTION_DATA_MAX`].
+    #[error("option {option} carries {length} bytes, over the {OPTION_DATA_MAX}-byte limit")]
+    OptionTooLarge {
+        /// The option.
+        option: u32,
+        /// Its declared length.
+        length: u32,
+    },
+    /// More than [`OPTIONS_MAX`] options.
+    #[error("more than {OPTIONS_MAX} options in one negotiation")]
+    TooManyOptions,
+    /// NBD_OPT_EXPORT_NAME with a name we do not serve.
+    #[error("NBD_OPT_EXPORT_NAME for unknown export {0:?}")]
+    UnknownExport(String),
+}
+
+fn read_u32(s: &mut impl Read) -> io::Result<u32> {
+    let mut b = [0u8; 4];
+    s.read_exact(&mut b)?;
+    Ok(u32::from_be_bytes(b))
+}
+
+fn read_u64(s: &mut impl Read) -> io::Result<u64> {
+    let mut b = [0u8; 8];
+    s.read_exact(&mut b)?;
+    Ok(u64::from_be_bytes(b))
+}
+
+fn reply(s: &mut impl Write, option: u32, kind: u32, data: &[u8]) -> io::Result<()> {
+    let mut out = Vec::with_capacity(20 + data.len());
+    out.extend_from_slice(&OPTION_REPLY_MAGIC.to_be_bytes());
+    out.extend_from_slice(&option.to_be_bytes());
+    out.extend_from_slice(&kind.to_be_bytes());
+    out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    out.extend_from_slice(data);
+    s.write_all(&out)
+}
+
+fn error_reply(s: &mut impl Write, option: u32, kind: u32, message: &str) -> io::Result<()> {
+    reply(s, option, kind, message.as_bytes())
+}
+
+/// Run the server side of the handshake on `s`.
+pub fn negotiate<S: Read + Write>(
+    s: &mut S,
+    export: &ExportInfo,
+) -> Result<Outcome, HandshakeError> {
+    let mut hello = Vec::with_capacity(18);
+    hello.extend_from_slice(&NBDMAGIC.to_be_bytes());
+    hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    hello.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+    s.write_all(&hello)?;
+    s.flush()?;
+    let client_flags = read_u32(s)?;
+    if client_flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
+        return Err(HandshakeError::BadClientFlags(client_flags));
+    }
+    let no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
+    let mut structured = false;
+    for _ in 0..OPTIONS_MAX {
+        let magic = read_u64(s)?;
+        if magic != IHAVEOPT {
+            return Err(HandshakeError::BadOptionMagic(magic));
+        }
+        let option = read_u32(s)?;
+        let length = read_u32(s)?;
+        if length > OPTION_DATA_MAX {
+            return Err(HandshakeError::OptionTooLarge { option, length });
+        }
+        let mut data = vec![0u8; length as usize];
+        s.read_exact(&mut data)?;
+        let step = match option {
+            opt::EXPORT_NAME => return export_name(s, export, &data, no_zeroes, structured),
+            opt::ABORT => {
+                // The client may already be gone; a failed ACK is fine.
+                let _ = reply(s, option, rep::ACK, &[]);
+                return Ok(Outcome::Aborted);
+            }
+            opt::LIST => list(s, export, &data),
+            opt::INFO | opt::GO => info_or_go(s, export, option, &data, structured)?,
+            opt::STRUCTURED_REPLY => {
+                if data.is_empty() {
+                    structured = true;
+                    reply(s, option, rep::ACK, &[])?;
+                } else {
+                    error_reply(
+                        s,
+                        option,
+                        rep::ERR_INVALID,
+                        "STRUCTURED_REPLY takes no data",
+                    )?;
+                }
+                Step::Continue
+            }
+            opt::STARTTLS => {
+                error_reply(s, option, rep::ERR_UNSUP, "TLS is not supported")?;
+                Step::Continue
+            }
+            _ => {
+                error_reply(s, option, rep::ERR_UNSUP, "option not supported")?;
+                Step::Continue
+            }
+        };
+        s.flush()?;
+        if let Step::Go = step {
+            return Ok(Outcome::Transmission(Negotiated { structured }));
+        }
+    }
+    Err(HandshakeError::TooManyOptions)
+}
+
+enum Step {
+    Continue,
+    Go,
+}
+
+fn export_name<S: Write>(
+    s: &mut S,
+    export: &ExportInfo,
+    name: &[u8],
+    no_zeroes: bool,
+    structured: bool,
+) -> Result<Outcome, HandshakeError> {
+    if !export.matches(name) {
+        return Err(HandshakeError::UnknownExport(
+            String::from_utf8_lossy(name).into_owned(),
+        ));
+    }
+    let mut out = Vec::with_capacity(134);
+    out.extend_from_slice(&export.size_bytes.to_be_bytes());
+    out.extend_from_slice(&export.transmission_flags(structured).to_be_bytes());
+    if !no_zeroes {
+        out.extend_from_slice(&[0u8; 124]);
+    }
+    s.write_all(&out)?;
+    s.flush()?;
+    Ok(Outcome::Transmission(Negotiated { structured }))
+}
+
+fn list<S: Write>(s: &mut S, export: &ExportInfo, data: &[u8]) -> Step {
+    let result = if !data.is_empty() {
+        error_reply(s, opt::LIST, rep::ERR_INVALID, "LIST takes no data")
+    } else {
+        let name = export.name.as_bytes();
+        let mut entry = Vec::with_capacity(4 + name.len() + export.description.len());
+        entry.extend_from_slice(&(name.len() as u32).to_be_bytes());
+        entry.extend_from_slice(name);
+        entry.extend_from_slice(export.description.as_bytes());
+        reply(s, opt::LIST, rep::SERVER, &entry).and_then(|()| reply(s, opt::LIST, rep::ACK, &[]))
+    };
+    match result {
+        Ok(()) => Step::Continue,
+        // The next read will report the broken connection.
+        Err(_) => Step::Continue,
+    }
+}
+
+/// Parse INFO/GO data: name length, name, count, info requests.
+fn parse_info_request(data: &[u8]) -> Option<(&[u8], Vec<u16>)> {
+    let name_len = u32::from_be_bytes(data.get(0..4)?.try_into().ok()?) as usize;
+    let name = data.get(4..4usize.checked_add(name_len)?)?;
+    let rest = &data[4 + name_len..];
+    let count = u16::from_be_bytes(rest.get(0..2)?.try_into().ok()?) as usize;
+    let items = rest.get(2..)?;
+    if items.len() != count * 2 {
+        return None;
+    }
+    let requests = items
+        .chunks_exact(2)
+        .map(|c| u16::from_be_bytes([c[0], c[1]]))
+        .collect();
+    Some((name, requests))
+}
+
+fn info_item(kind: u16, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(2 + payload.len());
+    out.extend_from_slice(&kind.to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+fn info_or_go<S: Write>(
+    s: &mut S,
+    export: &ExportInfo,
+    option: u32,
+    data: &[u8],
+    structured: bool,
+) -> io::Result<Step> {
+    let Some((name, requests)) = parse_info_request(data) else {
+        error_reply(s, option, rep::ERR_INVALID, "malformed INFO/GO request")?;
+        return Ok(Step::Continue);
+    };
+    if !export.matches(name) {
+        let msg = format!(
+            "unknown export {:?}; this server exports \"\" and {:?}",
+            String::from_utf8_lossy(name),
+            export.name
+        );
+        error_reply(s, option, rep::ERR_UNKNOWN, &msg)?;
+        return Ok(Step::Continue);
+    }
+    let mut ex = Vec::with_capacity(10);
+    ex.extend_from_slice(&export.size_bytes.to_be_bytes());
+    ex.extend_from_slice(&export.transmission_flags(structured).to_be_bytes());
+    reply(s, option, rep::INFO, &info_item(info::EXPORT, &ex))?;
+    // Our constraints are not the defaults, so they are always sent.
+    let mut bs = Vec::with_capacity(12);
+    bs.extend_from_slice(&export.min_block_bytes.to_be_bytes());
+    bs.extend_from_slice(&export.preferred_block_bytes.to_be_bytes());
+    bs.extend_from_slice(&export.max_payload_bytes.to_be_bytes());
+    reply(s, option, rep::INFO, &info_item(info::BLOCK_SIZE, &bs))?;
+    if requests.contains(&info::NAME) {
+        reply(
+            s,
+            option,
+            rep::INFO,
+            &info_item(info::NAME, export.name.as_bytes()),
+        )?;
+    }
+    if requests.contains(&info::DESCRIPTION) {
+        let d = export.description.as_bytes();
+        reply(s, option, rep::INFO, &info_item(info::DESCRIPTION, d))?;
+    }
+    reply(s, option, rep::ACK, &[])?;
+    Ok(if option == opt::GO {
+        Step::Go
+    } else {
+        Step::Continue
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A scripted client: reads come from `input`, writes go to `output`.
+    struct Script {
+        input: io::Cursor<Vec<u8>>,
+        output: Vec<u8>,
+    }
+
+    impl Read for Script {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            self.input.read(buf)
+        }
+    }
+
+    impl Write for Script {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.output.extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn export() -> ExportInfo {
+        ExportInfo {
+            name: "rebound".into(),
+            description: "test".into(),
+            size_bytes: 1 << 20,
+            min_block_bytes: 4096,
+            preferred_block_bytes: 4096,
+            max_payload_bytes: 1 << 25,
+        }
+    }
+
+    fn option(code: u32, data: &[u8]) -> Vec<u8> {
+        let mut v = IHAVEOPT.to_be_bytes().to_vec();
+        v.extend_from_slice(&code.to_be_bytes());
+        v.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        v.extend_from_slice(data);
+        v
+    }
+
+    fn go(name: &str, infos: &[u16]) -> Vec<u8> {
+        let mut d = (name.len() as u32).to_be_bytes().to_vec();
+        d.extend_from_slice(name.as_bytes());
+        d.extend_from_slice(&(infos.len() as u16).to_be_bytes());
+        for i in infos {
+            d.extend_from_slice(&i.to_be_bytes());
+        }
+        d
+    }
+
+    fn run(client_flags: u32, options: &[Vec<u8>]) -> (Result<Outcome, HandshakeError>, Vec<u8>) {
+        let mut input = client_flags.to_be_bytes().to_vec();
+        for o in options {
+            input.extend_from_slice(o);
+        }
+        let mut s = Script {
+            input: io::Cursor::new(input),
+            output: Vec::new(),
+        };
+        let r = negotiate(&mut s, &export());
+        (r, s.output)
+    }
+
+    /// Option replies after the 18-byte greeting: (option, type, data).
+    fn replies(out: &[u8]) -> Vec<(u32, u32, Vec<u8>)> {
+        let mut v = Vec::new();
+        let mut b = &out[18..];
+        while b.len() >= 20 {
+            assert_eq!(&b[0..8], &OPTION_REPLY_MAGIC.to_be_bytes());
+            let o = u32::from_be_bytes(b[8..12].try_into().unwrap());
+            let t = u32::from_be_bytes(b[12..16].try_into().unwrap());
+            let n = u32::from_be_bytes(b[16..20].try_into().unwrap()) as usize;
+            v.push((o, t, b[20..20 + n].to_vec()));
+            b = &b[20 + n..];
+        }
+        v
+    }
+
+    #[test]
+    fn go_with_structured_replies_enters_transmission_with_block_sizes() {
+        let both = FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES;
+        let (r, out) = run(
+            both,
+            &[
+                option(opt::STRUCTURED_REPLY, &[]),
+                option(opt::GO, &go("", &[info::BLOCK_SIZE, info::NAME])),
+            ],
+        );
+        assert_eq!(
+            r.unwrap(),
+            Outcome::Transmission(Negotiated { structured: true })
+        );
+        let reps = replies(&out);
+        assert_eq!(reps[0], (opt::STRUCTURED_REPLY, rep::ACK, vec![]));
+        let export_info = &reps[1].2;
+        assert_eq!(&export_info[0..2], &info::EXPORT.to_be_bytes());
+        assert_eq!(&export_info[2..10], &(1u64 << 20).to_be_bytes());
+        let flags = u16::from_be_bytes([export_info[10], export_info[11]]);
+        assert_ne!(
+            flags & tflags::SEND_DF,
+            0,
+            "DF offered with structured replies"
+        );
+        assert!(
+            reps.iter()
+                .any(|r| r.2.starts_with(&info::BLOCK_SIZE.to_be_bytes()))
+        );
+        assert!(
+            reps.iter()
+                .any(|r| r.2 == [&info::NAME.to_be_bytes()[..], b"rebound"].concat())
+        );
+        assert_eq!(reps.last().unwrap().1, rep::ACK);
+    }
+
+    #[test]
+    fn unknown_export_gets_err_unknown_and_negotiation_continues() {
+        let (r, out) = run(
+            FLAG_C_FIXED_NEWSTYLE,
+            &[
+                option(opt::GO, &go("other", &[])),
+                option(opt::GO, &go("rebound", &[])),
+            ],
+        );
+        assert!(matches!(r.unwrap(), Outcome::Transmission(_)));
+        let reps = replies(&out);
+        assert_eq!(reps[0].1, rep::ERR_UNKNOWN);
+        assert!(String::from_utf8_lossy(&reps[0].2).contains("other"));
+    }
+
+    #[test]
+    fn malformed_go_data_gets_err_invalid() {
+        let mut bad = go("rebound", &[info::NAME]);
+        bad.pop();
+        let (r, out) = run(
+            FLAG_C_FIXED_NEWSTYLE,
+            &[option(opt::GO, &bad), option(opt::ABORT, &[])],
+        );
+        assert_eq!(r.unwrap(), Outcome::Aborted);
+        let reps = replies(&out);
+        assert_eq!(reps[0].1, rep::ERR_INVALID);
+        assert_eq!(reps[1], (opt::ABORT, rep::ACK, vec![]));
+    }
+
+    #[test]
+    fn name_length_past_the_data_is_invalid_not_a_panic() {
+        let mut bad = u32::MAX.to_be_bytes().to_vec();
+        bad.extend_from_slice(b"xx");
+        let (_, out) = run(
+            FLAG_C_FIXED_NEWSTYLE,
+            &[option(opt::INFO, &bad), option(opt::ABORT, &[])],
+        );
+        assert_eq!(replies(&out)[0].1, rep::ERR_INVALID);
+    }
+
+    #[test]
+    fn unknown_and_tls_options_are_unsupported() {
+        let (_, out) = run(
+            FLAG_C_FIXED_NEWSTYLE,
+            &[
+                option(opt::STARTTLS, &[]),
+                option(999, b"junk"),
+                option(opt::SET_META_CONTEXT, b"xxxx"),
+                option(opt::ABORT, &[]),
+            ],
+        );
+        let kinds: Vec<u32> = replies(&out).iter().map(|r| r.1).collect();
+        assert_eq!(
+            kinds,
+            [rep::ERR_UNSUP, rep::ERR_UNSUP, rep::ERR_UNSUP, rep::ACK]
+        );
+    }
+
+    #[test]
+    fn list_names_the_export_then_acks() {
+        let (_, out) = run(
+            FLAG_C_FIXED_NEWSTYLE,
+            &[option(opt::LIST, &[]), option(opt::ABORT, &[])],
+        );
+        let reps = replies(&out);
+        assert_eq!(reps[0].1, rep::SERVER);
+        assert_eq!(&reps[0].2[4..11], b"rebound");
+        assert_eq!(reps[1].1, rep::ACK);
+        let (_, out) = run(
+            FLAG_C_FIXED_NEWSTYLE,
+            &[option(opt::LIST, b"x"), option(opt::ABORT, &[])],
+        );
+        assert_eq!(replies(&out)[0].1, rep::ERR_INVALID);
+    }
+
+    #[test]
+    fn export_name_sends_size_flags_and_zeroes_unless_no_zeroes() {
+        for (flags, tail) in [
+            (FLAG_C_FIXED_NEWSTYLE, 124),
+            (FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES, 0),
+        ] {
+            let (r, out) = run(flags, &[option(opt::EXPORT_NAME, b"")]);
+            assert!(matches!(r.unwrap(), Outcome::Transmission(_)));
+            assert_eq!(out.len(), 18 + 8 + 2 + tail);
+        }
+        let (r, _) = run(FLAG_C_FIXED_NEWSTYLE, &[option(opt::EXPORT_NAME, b"nope")]);
+        assert!(matches!(r, Err(HandshakeError::UnknownExport(n)) if n == "nope"));
+    }
+
+    #[test]
+    fn protocol_violations_end_the_connection() {
+        let (r, _) = run(1 << 5, &[]);
+        assert!(matches!(r, Err(HandshakeError::BadClientFlags(_))));
+        let mut bad_magic = option(opt::LIST, &[]);
+        bad_magic[0] ^= 0xff;
+        let (r, _) = run(FLAG_C_FIXED_NEWSTYLE, &[bad_magic]);
+        assert!(matches!(r, Err(HandshakeError::BadOptionMagic(_))));
+        let mut huge = IHAVEOPT.to_be_bytes().to_vec();
+        huge.extend_from_slice(&opt::GO.to_be_bytes());
+        huge.extend_from_slice(&(OPTION_DATA_MAX + 1).to_be_bytes());
+        let (r, _) = run(FLAG_C_FIXED_NEWSTYLE, &[huge]);
+        assert!(matches!(r, Err(HandshakeError::OptionTooLarge { .. })));
+        let many: Vec<_> = (0..=OPTIONS_MAX)
+            .map(|_| option(opt::STRUCTURED_REPLY, &[]))
+            .collect();
+        let (r, _) = run(FLAG_C_FIXED_NEWSTYLE, &many);
+        assert!(matches!(r, Err(HandshakeError::TooManyOptions)));
+        // A client that hangs up mid-option.
+        let mut cut = option(opt::GO, &go("", &[]));
+        cut.truncate(20);
+        let (r, _) = run(FLAG_C_FIXED_NEWSTYLE, &[cut]);
+        assert!(matches!(r, Err(HandshakeError::Io(_))));
+    }
+}

@@ -1,0 +1,681 @@
+//! NVS: the non-volatile write cache. A write is acknowledged once its
+//! records are here; destage writes them to the devices and frees them.
+//! A hard restart rebuilds the dirty directory by scanning this file alone,
+//! so the NVS never depends on the recovery box.
+//!
+//! # Format (version 1, little-endian)
+//!
+//! ```text
+//! offset 0      superblock, 4096 bytes:
+//!   0   u64 magic "RBNDNVS1"       8  u32 version (1)      12  u32 slot_bytes
+//!  16   u32 slot_count            20  u32 track_bytes      24  u64 volume_id
+//!  32   u32 crc32c of bytes 0..32  (rest zero)
+//! offset 4096   slot_count slots of slot_bytes = 64 + track_bytes each:
+//!   0   u32 magic "RBNV" (0x56_4E_42_52); 0 = free slot
+//!   4   u16 kind (1 = data)        6  u16 reserved (0)
+//!   8   u64 seq (global, increasing; the newest record of a track wins)
+//!  16   u64 track                 24  u32 data_bytes       28  u32 crc32c of the data
+//!  32   u64 volume_id             40  [u8; 20] reserved (0)
+//!  60   u32 crc32c of header bytes 0..60
+//!  64   data (data_bytes, then zero padding to track_bytes)
+//! ```
+//!
+//! # Crash assumptions
+//!
+//! The file is mapped shared; stores reach the page cache in program order
+//! as far as this process is concerned, so a record written before a reply
+//! survives the death of the process (SIGKILL, abort). On `/dev/shm` it does
+//! not survive a reboot; on a file on disk, [`Nvs::sync`] (`msync`) makes it
+//! survive a power loss.
+//!
+//! A record is written data first, then header bytes 4..64, then, after a
+//! release fence, the magic. A crash before the magic store leaves the slot
+//! free (its old record was freed before reuse); a torn record fails its
+//! checksums and is discarded. Both cases are writes never acknowledged.
+//! Freeing is a single aligned 4-byte store of magic = 0.
+//!
+//! # Concurrency
+//!
+//! Slots are grouped in segments of [`SEGMENT_SLOTS`] slots, each its own
+//! mapping behind its own mutex. A slot belongs to one owner at a time: the
+//! free list, a reservation, or a record referenced by the cache directory.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
+use std::time::{Duration, Instant};
+
+use memmap2::{MmapMut, MmapOptions};
+use parking_lot::{Condvar, Mutex};
+
+use crate::limits::TRACK_BYTES;
+
+/// Superblock magic.
+pub const NVS_MAGIC: u64 = u64::from_le_bytes(*b"RBNDNVS1");
+/// Format version.
+pub const NVS_VERSION: u32 = 1;
+/// Superblock size.
+pub const SUPERBLOCK_BYTES: u64 = 4096;
+/// Slot header size.
+pub const SLOT_HEADER_BYTES: usize = 64;
+/// Slot magic.
+pub const SLOT_MAGIC: u32 = u32::from_le_bytes(*b"RBNV");
+/// Slots per mapped segment (a multiple of 64 keeps segments page-aligned).
+pub const SEGMENT_SLOTS: u32 = 256;
+/// Record kind: track data.
+pub const KIND_DATA: u16 = 1;
+
+/// Slot size for 4 KiB tracks.
+pub const SLOT_BYTES: usize = SLOT_HEADER_BYTES + TRACK_BYTES;
+
+// Header layout: each offset derived from the previous field.
+const H_MAGIC: usize = 0;
+const H_KIND: usize = H_MAGIC + 4;
+const H_RESERVED: usize = H_KIND + 2;
+const H_SEQ: usize = H_RESERVED + 2;
+const H_TRACK: usize = H_SEQ + 8;
+const H_DATA_BYTES: usize = H_TRACK + 8;
+const H_DATA_CRC: usize = H_DATA_BYTES + 4;
+const H_VOLUME: usize = H_DATA_CRC + 4;
+const H_PAD: usize = H_VOLUME + 8;
+const H_CRC: usize = H_PAD + 20;
+const _: () = assert!(H_CRC + 4 == SLOT_HEADER_BYTES);
+const _: () = assert!(H_SEQ == 8 && H_TRACK == 16 && H_VOLUME == 32 && H_CRC == 60);
+const _: () = assert!((SEGMENT_SLOTS as usize * SLOT_BYTES).is_multiple_of(4096));
+const _: () = assert!(SLOT_BYTES.is_multiple_of(4), "magic stores stay aligned");
+
+/// Errors of NVS operations.
+#[derive(Debug, thiserror::Error)]
+pub enum NvsError {
+    /// File system trouble.
+    #[error("NVS {path}: {source}")]
+    Io {
+        /// The NVS file.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// Another process holds the NVS.
+    #[error("NVS {0} is in use by another rebound process")]
+    Locked(PathBuf),
+    /// The file is not an NVS, or a damaged one.
+    #[error("NVS {path} is not usable: {reason}")]
+    BadSuperblock {
+        /// The NVS file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// The NVS was made for another volume or geometry.
+    #[error(
+        "NVS {path} belongs to {what}; refusing to replay its records here (move the file away only if its volume is gone)"
+    )]
+    Foreign {
+        /// The NVS file.
+        path: PathBuf,
+        /// What differs.
+        what: String,
+    },
+    /// A record failed its checksum when read.
+    #[error("NVS record in slot {slot} is corrupt: {reason}")]
+    Corrupt {
+        /// The slot.
+        slot: u32,
+        /// Why.
+        reason: &'static str,
+    },
+    /// The server is shutting down; no more space is handed out.
+    #[error("NVS is shutting down")]
+    ShuttingDown,
+    /// No space came free within the wait limit.
+    #[error("no NVS space came free within {0:?}")]
+    Timeout(Duration),
+}
+
+/// A valid record found by the scan at open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScannedRecord {
+    /// Its slot.
+    pub slot: u32,
+    /// Its sequence number.
+    pub seq: u64,
+    /// The track it holds.
+    pub track: u64,
+}
+
+/// What the scan at open found.
+#[derive(Debug, Default, Clone)]
+pub struct ScanReport {
+    /// Valid records, in slot order.
+    pub records: Vec<ScannedRecord>,
+    /// Slots that held a torn or damaged record (now free).
+    pub discarded: u32,
+    /// Time the scan took.
+    pub elapsed: Duration,
+}
+
+struct FreeList {
+    slots: Vec<u32>,
+}
+
+/// The NVS.
+pub struct Nvs {
+    path: PathBuf,
+    _file: File,
+    volume_id: u64,
+    tracks: u64,
+    slot_count: u32,
+    segments: Box<[Mutex<MmapMut>]>,
+    free: Mutex<FreeList>,
+    space: Condvar,
+    next_seq: AtomicU64,
+    closing: AtomicBool,
+}
+
+impl std::fmt::Debug for Nvs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Nvs")
+            .field("path", &self.path)
+            .field("slot_count", &self.slot_count)
+            .field("free", &self.free.lock().slots.len())
+            .finish()
+    }
+}
+
+fn crc(bytes: &[u8]) -> u32 {
+    crc32c::crc32c(bytes)
+}
+
+fn le_u32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn le_u64(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+fn encode_superblock(slot_count: u32, volume_id: u64) -> [u8; 36] {
+    let mut sb = [0u8; 36];
+    sb[0..8].copy_from_slice(&NVS_MAGIC.to_le_bytes());
+    sb[8..12].copy_from_slice(&NVS_VERSION.to_le_bytes());
+    sb[12..16].copy_from_slice(&(SLOT_BYTES as u32).to_le_bytes());
+    sb[16..20].copy_from_slice(&slot_count.to_le_bytes());
+    sb[20..24].copy_from_slice(&(TRACK_BYTES as u32).to_le_bytes());
+    sb[24..32].copy_from_slice(&volume_id.to_le_bytes());
+    let c = crc(&sb[0..32]);
+    sb[32..36].copy_from_slice(&c.to_le_bytes());
+    sb
+}
+
+/// Slots that fit in `size_bytes` (whole segments only).
+pub fn slots_for(size_bytes: u64) -> u32 {
+    let raw = size_bytes.saturating_sub(SUPERBLOCK_BYTES) / SLOT_BYTES as u64;
+    let whole = raw / u64::from(SEGMENT_SLOTS) * u64::from(SEGMENT_SLOTS);
+    whole.min(u64::from(u32::MAX - SEGMENT_SLOTS)) as u32
+}
+
+impl Nvs {
+    /// Open the NVS at `path` for volume `volume_id` (of `tracks` tracks),
+    /// creating it with `size_bytes` when absent, and scan it.
+    pub fn open_or_create(
+        path: &Path,
+        size_bytes: u64,
+        volume_id: u64,
+        tracks: u64,
+    ) -> Result<(Self, ScanReport), NvsError> {
+        let io = |source| NvsError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(io)?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(NvsError::Locked(path.to_owned()));
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
+        }
+        let len = file.metadata().map_err(io)?.len();
+        let slot_count = if len == 0 {
+            let slot_count = slots_for(size_bytes);
+            let total = SUPERBLOCK_BYTES + u64::from(slot_count) * SLOT_BYTES as u64;
+            file.set_len(total).map_err(io)?;
+            file.write_all_at(&encode_superblock(slot_count, volume_id), 0)
+                .map_err(io)?;
+            slot_count
+        } else {
+            Self::check_superblock(&file, path, len, size_bytes, volume_id)?
+        };
+        let segments = (0..slot_count / SEGMENT_SLOTS)
+            .map(|s| {
+                let offset = SUPERBLOCK_BYTES + u64::from(s * SEGMENT_SLOTS) * SLOT_BYTES as u64;
+                // SAFETY: the mapping covers a range inside the file (its
+                // length was checked or set above). memmap2 requires that no
+                // one else truncates or modifies the file behind our back:
+                // we hold an exclusive flock on it for our lifetime, and
+                // every access from this process goes through these mappings
+                // behind their mutexes.
+                unsafe {
+                    MmapOptions::new()
+                        .offset(offset)
+                        .len(SEGMENT_SLOTS as usize * SLOT_BYTES)
+                        .map_mut(&file)
+                }
+                .map(Mutex::new)
+                .map_err(io)
+            })
+            .collect::<Result<Box<[_]>, _>>()?;
+        let nvs = Self {
+            path: path.to_owned(),
+            _file: file,
+            volume_id,
+            tracks,
+            slot_count,
+            segments,
+            free: Mutex::new(FreeList { slots: Vec::new() }),
+            space: Condvar::new(),
+            next_seq: AtomicU64::new(1),
+            closing: AtomicBool::new(false),
+        };
+        let report = nvs.scan();
+        Ok((nvs, report))
+    }
+
+    fn check_superblock(
+        file: &File,
+        path: &Path,
+        len: u64,
+        size_bytes: u64,
+        volume_id: u64,
+    ) -> Result<u32, NvsError> {
+        let bad = |reason: String| NvsError::BadSuperblock {
+            path: path.to_owned(),
+            reason,
+        };
+        if len < SUPERBLOCK_BYTES {
+            return Err(bad(format!(
+                "truncated: {len} bytes, shorter than its {SUPERBLOCK_BYTES}-byte superblock"
+            )));
+        }
+        let mut sb = [0u8; 36];
+        file.read_exact_at(&mut sb, 0)
+            .map_err(|e| bad(format!("cannot read the superblock: {e}")))?;
+        if le_u64(&sb, 0) != NVS_MAGIC {
+            return Err(bad("no NVS magic (not an NVS file)".into()));
+        }
+        if le_u32(&sb, 32) != crc(&sb[0..32]) {
+            return Err(bad("superblock checksum mismatch".into()));
+        }
+        if le_u32(&sb, 8) != NVS_VERSION {
+            return Err(bad(format!(
+                "format version {} (expected {NVS_VERSION})",
+                le_u32(&sb, 8)
+            )));
+        }
+        if le_u32(&sb, 12) as usize != SLOT_BYTES || le_u32(&sb, 20) as usize != TRACK_BYTES {
+            return Err(bad("slot or track size differs from this build's".into()));
+        }
+        let slot_count = le_u32(&sb, 16);
+        if slot_count == 0 || !slot_count.is_multiple_of(SEGMENT_SLOTS) {
+            return Err(bad(format!(
+                "slot count {slot_count} is not a whole number of segments"
+            )));
+        }
+        let needed = SUPERBLOCK_BYTES + u64::from(slot_count) * SLOT_BYTES as u64;
+        if len < needed {
+            return Err(bad(format!("truncated: {len} bytes, {needed} needed")));
+        }
+        let id = le_u64(&sb, 24);
+        if id != volume_id {
+            return Err(NvsError::Foreign {
+                path: path.to_owned(),
+                what: format!("volume {id:#x}, not this volume ({volume_id:#x})"),
+            });
+        }
+        if slot_count != slots_for(size_bytes) {
+            return Err(NvsError::Foreign {
+                path: path.to_owned(),
+                what: format!(
+                    "an NVS of {slot_count} slots, but nvs_size asks for {}; start with the old nvs_size (records are replayed and destaged), then change it after a clean shutdown",
+                    slots_for(size_bytes)
+                ),
+            });
+        }
+        Ok(slot_count)
+    }
+
+    fn locate(slot: u32) -> (usize, usize) {
+        let seg = (slot / SEGMENT_SLOTS) as usize;
+        let at = (slot % SEGMENT_SLOTS) as usize * SLOT_BYTES;
+        (seg, at)
+    }
+
+    /// Validate every slot; free the invalid ones; rebuild the free list
+    /// and the sequence counter.
+    fn scan(&self) -> ScanReport {
+        let started = Instant::now();
+        let mut report = ScanReport::default();
+        let mut free = Vec::new();
+        let mut max_seq = 0;
+        for (s, segment) in self.segments.iter().enumerate() {
+            let mut map = segment.lock();
+            for i in 0..SEGMENT_SLOTS as usize {
+                let slot = s as u32 * SEGMENT_SLOTS + i as u32;
+                let rec = &mut map[i * SLOT_BYTES..(i + 1) * SLOT_BYTES];
+                if le_u32(rec, H_MAGIC) == 0 {
+                    free.push(slot);
+                    continue;
+                }
+                match self.validate(rec) {
+                    Some((seq, track)) => {
+                        max_seq = max_seq.max(seq);
+                        report.records.push(ScannedRecord { slot, seq, track });
+                    }
+                    None => {
+                        rec[H_MAGIC..H_MAGIC + 4].copy_from_slice(&0u32.to_le_bytes());
+                        report.discarded += 1;
+                        free.push(slot);
+                    }
+                }
+            }
+        }
+        free.reverse();
+        self.free.lock().slots = free;
+        self.next_seq.store(max_seq + 1, Ordering::SeqCst);
+        report.elapsed = started.elapsed();
+        report
+    }
+
+    fn validate(&self, rec: &[u8]) -> Option<(u64, u64)> {
+        let header = &rec[..SLOT_HEADER_BYTES];
+        if le_u32(header, H_MAGIC) != SLOT_MAGIC || le_u32(header, H_CRC) != crc(&header[..H_CRC]) {
+            return None;
+        }
+        let kind = u16::from_le_bytes([header[H_KIND], header[H_KIND + 1]]);
+        let data_bytes = le_u32(header, H_DATA_BYTES) as usize;
+        let track = le_u64(header, H_TRACK);
+        if kind != KIND_DATA
+            || data_bytes != TRACK_BYTES
+            || track >= self.tracks
+            || le_u64(header, H_VOLUME) != self.volume_id
+        {
+            return None;
+        }
+        let data = &rec[SLOT_HEADER_BYTES..SLOT_HEADER_BYTES + data_bytes];
+        (crc(data) == le_u32(header, H_DATA_CRC)).then(|| (le_u64(header, H_SEQ), track))
+    }
+
+    /// Slots in the NVS.
+    pub fn slot_count(&self) -> u32 {
+        self.slot_count
+    }
+
+    /// Free slots now.
+    pub fn free_slots(&self) -> u32 {
+        self.free.lock().slots.len() as u32
+    }
+
+    /// Reserve `n` free slots, waiting (at most `timeout`) for destage to
+    /// free some. Callers must not be tasks that destage depends on.
+    pub fn reserve(&self, n: u32, timeout: Duration) -> Result<Vec<u32>, NvsError> {
+        assert!(
+            n <= self.slot_count / 2,
+            "reservation larger than half the NVS"
+        );
+        let deadline = Instant::now() + timeout;
+        let mut free = self.free.lock();
+        loop {
+            if self.closing.load(Ordering::SeqCst) {
+                return Err(NvsError::ShuttingDown);
+            }
+            if free.slots.len() >= n as usize {
+                let at = free.slots.len() - n as usize;
+                return Ok(free.slots.split_off(at));
+            }
+            if self.space.wait_until(&mut free, deadline).timed_out() {
+                return Err(NvsError::Timeout(timeout));
+            }
+        }
+    }
+
+    /// Allocate `n` consecutive sequence numbers; returns the first.
+    pub fn next_seqs(&self, n: u64) -> u64 {
+        self.next_seq.fetch_add(n, Ordering::SeqCst)
+    }
+
+    /// The highest sequence number handed out so far.
+    pub fn last_seq(&self) -> u64 {
+        self.next_seq.load(Ordering::SeqCst) - 1
+    }
+
+    /// Write a data record for `track` into the reserved `slot`.
+    pub fn write_record(&self, slot: u32, seq: u64, track: u64, data: &[u8]) {
+        assert_eq!(data.len(), TRACK_BYTES, "a record holds exactly one track");
+        assert!(track < self.tracks, "track {track} past the volume");
+        let (seg, at) = Self::locate(slot);
+        let mut map = self.segments[seg].lock();
+        let rec = &mut map[at..at + SLOT_BYTES];
+        rec[SLOT_HEADER_BYTES..].copy_from_slice(data);
+        let mut h = [0u8; SLOT_HEADER_BYTES];
+        h[H_MAGIC..H_MAGIC + 4].copy_from_slice(&SLOT_MAGIC.to_le_bytes());
+        h[H_KIND..H_KIND + 2].copy_from_slice(&KIND_DATA.to_le_bytes());
+        h[H_SEQ..H_SEQ + 8].copy_from_slice(&seq.to_le_bytes());
+        h[H_TRACK..H_TRACK + 8].copy_from_slice(&track.to_le_bytes());
+        h[H_DATA_BYTES..H_DATA_BYTES + 4].copy_from_slice(&(TRACK_BYTES as u32).to_le_bytes());
+        h[H_DATA_CRC..H_DATA_CRC + 4].copy_from_slice(&crc(data).to_le_bytes());
+        h[H_VOLUME..H_VOLUME + 8].copy_from_slice(&self.volume_id.to_le_bytes());
+        let hc = crc(&h[..H_CRC]);
+        h[H_CRC..H_CRC + 4].copy_from_slice(&hc.to_le_bytes());
+        rec[4..SLOT_HEADER_BYTES].copy_from_slice(&h[4..]);
+        // The magic goes last: everything before it is in place first.
+        fence(Ordering::Release);
+        rec[H_MAGIC..H_MAGIC + 4].copy_from_slice(&h[H_MAGIC..H_MAGIC + 4]);
+    }
+
+    /// Copy the data of the record in `slot` into `out`, checking it is the
+    /// record of `track` with `seq` and that its checksums hold.
+    pub fn read_record(
+        &self,
+        slot: u32,
+        track: u64,
+        seq: u64,
+        out: &mut [u8],
+    ) -> Result<(), NvsError> {
+        let (seg, at) = Self::locate(slot);
+        let map = self.segments[seg].lock();
+        let rec = &map[at..at + SLOT_BYTES];
+        let corrupt = |reason| NvsError::Corrupt { slot, reason };
+        let Some((s, t)) = self.validate(rec) else {
+            return Err(corrupt("checksum or header mismatch"));
+        };
+        if (s, t) != (seq, track) {
+            return Err(corrupt("the slot holds another record"));
+        }
+        out.copy_from_slice(&rec[SLOT_HEADER_BYTES..]);
+        Ok(())
+    }
+
+    /// Free slots (their records are destaged or superseded).
+    pub fn free(&self, slots: &[u32]) {
+        if slots.is_empty() {
+            return;
+        }
+        for &slot in slots {
+            let (seg, at) = Self::locate(slot);
+            let mut map = self.segments[seg].lock();
+            map[at + H_MAGIC..at + H_MAGIC + 4].copy_from_slice(&0u32.to_le_bytes());
+        }
+        self.release(slots);
+    }
+
+    /// Return reserved but unwritten slots to the free list.
+    pub fn release(&self, slots: &[u32]) {
+        if slots.is_empty() {
+            return;
+        }
+        let mut free = self.free.lock();
+        debug_assert!(free.slots.len() + slots.len() <= self.slot_count as usize);
+        free.slots.extend_from_slice(slots);
+        drop(free);
+        self.space.notify_all();
+    }
+
+    /// `msync` the whole NVS (for a file on persistent storage).
+    pub fn sync(&self) -> Result<(), NvsError> {
+        for segment in self.segments.iter() {
+            segment.lock().flush().map_err(|source| NvsError::Io {
+                path: self.path.clone(),
+                source,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Refuse further reservations and wake every waiter.
+    pub fn close(&self) {
+        self.closing.store(true, Ordering::SeqCst);
+        let _guard = self.free.lock();
+        self.space.notify_all();
+    }
+
+    /// The NVS file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Corrupt one byte of a slot (fault injection and tests: "a record
+    /// failing its checksum").
+    pub fn damage_slot(&self, slot: u32, byte: usize) {
+        let (seg, at) = Self::locate(slot);
+        let mut map = self.segments[seg].lock();
+        map[at + byte % SLOT_BYTES] ^= 0x5a;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SIZE: u64 = 2 << 20;
+
+    fn open(dir: &Path) -> (Nvs, ScanReport) {
+        Nvs::open_or_create(&dir.join("nvs"), SIZE, 42, 1000).unwrap()
+    }
+
+    #[test]
+    fn records_survive_reopen_and_the_scan_finds_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let (nvs, report) = open(dir.path());
+        assert!(report.records.is_empty());
+        let total = nvs.slot_count();
+        let slots = nvs.reserve(3, Duration::from_secs(1)).unwrap();
+        for (i, &s) in slots.iter().enumerate() {
+            nvs.write_record(s, 10 + i as u64, i as u64, &[i as u8 + 1; TRACK_BYTES]);
+        }
+        nvs.free(&slots[2..]);
+        drop(nvs);
+        let (nvs, report) = open(dir.path());
+        let mut found: Vec<_> = report.records.iter().map(|r| (r.track, r.seq)).collect();
+        found.sort();
+        assert_eq!(found, [(0, 10), (1, 11)]);
+        assert_eq!(nvs.free_slots(), total - 2);
+        assert_eq!(
+            nvs.next_seqs(1),
+            12,
+            "sequence numbers continue after the newest"
+        );
+        let mut out = vec![0u8; TRACK_BYTES];
+        let r = report.records.iter().find(|r| r.track == 1).unwrap();
+        nvs.read_record(r.slot, 1, 11, &mut out).unwrap();
+        assert!(out.iter().all(|&b| b == 2));
+        assert!(nvs.read_record(r.slot, 1, 99, &mut out).is_err());
+    }
+
+    #[test]
+    fn a_damaged_record_is_discarded_by_the_scan_and_refused_by_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let (nvs, _) = open(dir.path());
+        let slots = nvs.reserve(2, Duration::from_secs(1)).unwrap();
+        nvs.write_record(slots[0], 1, 5, &[7; TRACK_BYTES]);
+        nvs.write_record(slots[1], 2, 6, &[8; TRACK_BYTES]);
+        nvs.damage_slot(slots[0], SLOT_HEADER_BYTES + 100);
+        let mut out = vec![0u8; TRACK_BYTES];
+        assert!(matches!(
+            nvs.read_record(slots[0], 5, 1, &mut out),
+            Err(NvsError::Corrupt { .. })
+        ));
+        drop(nvs);
+        let (_, report) = open(dir.path());
+        assert_eq!(report.discarded, 1);
+        assert_eq!(report.records.len(), 1);
+        assert_eq!(report.records[0].track, 6);
+    }
+
+    #[test]
+    fn a_foreign_truncated_or_garbage_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nvs");
+        drop(Nvs::open_or_create(&path, SIZE, 42, 1000).unwrap());
+        let e = Nvs::open_or_create(&path, SIZE, 43, 1000).unwrap_err();
+        assert!(matches!(e, NvsError::Foreign { .. }), "{e}");
+        let e = Nvs::open_or_create(&path, SIZE * 2, 42, 1000).unwrap_err();
+        assert!(e.to_string().contains("nvs_size"), "{e}");
+        let f = OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_len(8192).unwrap();
+        let e = Nvs::open_or_create(&path, SIZE, 42, 1000).unwrap_err();
+        assert!(e.to_string().contains("truncated"), "{e}");
+        std::fs::write(&path, b"hello world, not an nvs").unwrap();
+        let e = Nvs::open_or_create(&path, SIZE, 42, 1000).unwrap_err();
+        assert!(e.to_string().contains("truncated"), "{e}");
+        std::fs::write(&path, vec![b'x'; 8192]).unwrap();
+        let e = Nvs::open_or_create(&path, SIZE, 42, 1000).unwrap_err();
+        assert!(e.to_string().contains("magic"), "{e}");
+        let mut sb = encode_superblock(slots_for(SIZE), 42).to_vec();
+        sb[20] ^= 1;
+        sb.resize(8192, 0);
+        std::fs::write(&path, &sb).unwrap();
+        let e = Nvs::open_or_create(&path, SIZE, 42, 1000).unwrap_err();
+        assert!(e.to_string().contains("checksum"), "{e}");
+    }
+
+    #[test]
+    fn a_second_opener_is_refused_while_the_first_holds_the_nvs() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_nvs, _) = open(dir.path());
+        let e = Nvs::open_or_create(&dir.path().join("nvs"), SIZE, 42, 1000).unwrap_err();
+        assert!(matches!(e, NvsError::Locked(_)), "{e}");
+    }
+
+    #[test]
+    fn reservation_waits_for_space_then_times_out_or_succeeds() {
+        let dir = tempfile::tempdir().unwrap();
+        let (nvs, _) = open(dir.path());
+        let nvs = std::sync::Arc::new(nvs);
+        let half = nvs.slot_count() / 2;
+        let a = nvs.reserve(half, Duration::from_secs(1)).unwrap();
+        let b = nvs.reserve(half, Duration::from_secs(1)).unwrap();
+        assert!(matches!(
+            nvs.reserve(1, Duration::from_millis(20)),
+            Err(NvsError::Timeout(_))
+        ));
+        let n2 = std::sync::Arc::clone(&nvs);
+        let waiter = std::thread::spawn(move || n2.reserve(4, Duration::from_secs(5)));
+        std::thread::sleep(Duration::from_millis(20));
+        nvs.release(&a[..4]);
+        assert_eq!(waiter.join().unwrap().unwrap().len(), 4);
+        nvs.close();
+        assert!(matches!(
+            nvs.reserve(1, Duration::from_secs(1)),
+            Err(NvsError::ShuttingDown)
+        ));
+        drop(b);
+    }
+}

@@ -1,0 +1,163 @@
+//! `rebound serve`: run the storage controller.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use controller::{Config, Controller, FlushPolicy, Server};
+
+/// Options of `rebound serve`. Each overrides the same key of `--config`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// TOML configuration file (keys as the long options, with underscores).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Address to listen on for NBD clients [default: 127.0.0.1:10809].
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+    /// Directory of the volume label and device files [default: ./rebound-data].
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// Volume size, e.g. 1G, 512M [default: 1G]. Fixed once the volume exists.
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    volume_size: Option<u64>,
+    /// Device files to stripe the volume over [default: 1].
+    #[arg(long, value_name = "N")]
+    devices: Option<u32>,
+    /// NVS file [default: /dev/shm/rebound-<hash of data dir>.nvs].
+    #[arg(long, value_name = "PATH")]
+    nvs: Option<PathBuf>,
+    /// NVS size [default: 256M].
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    nvs_size: Option<u64>,
+    /// Read cache size [default: 256M].
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    cache_size: Option<u64>,
+    /// Task runtime worker threads; 0 means one per core [default: 0].
+    #[arg(long, value_name = "N")]
+    workers: Option<usize>,
+    /// Scheduling policy: performance, static, partial or dynamic [default: dynamic].
+    #[arg(long, value_name = "POLICY")]
+    policy: Option<String>,
+    /// Serve Prometheus metrics at http://ADDR/metrics.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<SocketAddr>,
+    /// What FLUSH and FUA make durable: devices (destage + fdatasync) or nvs (msync) [default: devices].
+    #[arg(long, value_name = "WHERE", value_parser = ["devices", "nvs"])]
+    flush: Option<String>,
+    /// Open device files with O_DIRECT.
+    #[arg(long)]
+    direct_io: bool,
+    /// Most concurrent NBD connections [default: 64].
+    #[arg(long, value_name = "N")]
+    max_connections: Option<usize>,
+    /// Modelled device latency per I/O, microseconds (experiments) [default: 0].
+    #[arg(long, value_name = "US")]
+    device_latency_us: Option<u64>,
+    /// Modelled device latency per KiB, microseconds (experiments) [default: 0].
+    #[arg(long, value_name = "US")]
+    device_latency_per_kib_us: Option<u64>,
+}
+
+fn size(s: &str) -> Result<u64, String> {
+    controller::parse_size(s)
+}
+
+impl ServeArgs {
+    /// The configuration: defaults, then the file, then the flags.
+    pub fn config(&self) -> anyhow::Result<Config> {
+        let mut c = match &self.config {
+            Some(path) => Config::from_file(path)?,
+            None => Config::default(),
+        };
+        macro_rules! set {
+            ($($field:ident),*) => {$(if let Some(v) = &self.$field { c.$field = v.clone().into(); })*};
+        }
+        set!(
+            listen,
+            data_dir,
+            volume_size,
+            devices,
+            nvs_size,
+            cache_size,
+            workers,
+            policy,
+            max_connections
+        );
+        if let Some(v) = &self.nvs {
+            c.nvs = Some(v.clone());
+        }
+        if let Some(v) = self.metrics {
+            c.metrics = Some(v);
+        }
+        if let Some(v) = &self.flush {
+            c.flush = if v == "nvs" {
+                FlushPolicy::Nvs
+            } else {
+                FlushPolicy::Devices
+            };
+        }
+        if self.direct_io {
+            c.direct_io = true;
+        }
+        if let Some(v) = self.device_latency_us {
+            c.device_latency.fixed_us = v;
+        }
+        if let Some(v) = self.device_latency_per_kib_us {
+            c.device_latency.per_kib_us = v;
+        }
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+/// Run the server until SIGINT or SIGTERM, then shut down cleanly.
+pub fn run(args: ServeArgs) -> anyhow::Result<std::process::ExitCode> {
+    let config = args.config()?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, Arc::clone(&stop))
+            .context("installing signal handlers")?;
+    }
+    let ctl = Controller::open(config.clone()).context("starting the controller")?;
+    let metrics = match config.metrics {
+        Some(addr) => Some(
+            controller::http::MetricsServer::start(addr, &ctl)
+                .with_context(|| format!("serving metrics on {addr}"))?,
+        ),
+        None => None,
+    };
+    let server = Server::start(Arc::clone(&ctl))
+        .with_context(|| format!("listening on {}", config.listen))?;
+    let startup = ctl.startup();
+    eprintln!(
+        "rebound: serving {} bytes on nbd://{}/ (data {}, NVS {}); replayed {} dirty tracks from the NVS in {:?}{}",
+        config.volume_size,
+        server.local_addr(),
+        config.data_dir.display(),
+        config.nvs_path().display(),
+        startup.replayed_tracks,
+        startup.elapsed,
+        metrics
+            .as_ref()
+            .map(|m| format!("; metrics at http://{}/metrics", m.local_addr()))
+            .unwrap_or_default()
+    );
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!(
+        "rebound: shutting down: answering in-flight requests, destaging {} dirty tracks",
+        ctl.dirty_tracks()
+    );
+    server
+        .shutdown()
+        .context("destaging and syncing at shutdown")?;
+    drop(metrics);
+    eprintln!("rebound: clean shutdown");
+    Ok(std::process::ExitCode::SUCCESS)
+}
