@@ -7,13 +7,25 @@ cd "$(dirname "$0")/.."
 step() { printf '\n==> %s\n' "$*"; }
 
 step "system packages"
+# command -> Debian package providing it
 need=()
-command -v cc >/dev/null || need+=(build-essential)
+want() { command -v "$1" >/dev/null 2>&1 || need+=("$2"); }
+want cc build-essential
+want qemu-img qemu-utils
+want qemu-io qemu-utils
+want fio fio
+want nbdinfo libnbd-bin
+want nbdcopy libnbd-bin
+want nbdkit nbdkit
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
 if ((${#need[@]})); then
+  mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)
+  echo "installing: ${need[*]}"
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
+  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq "${need[@]}"
 fi
+# fio must have its nbd engine (Debian's does).
+fio --enghelp 2>/dev/null | grep -qw nbd || { echo "fio lacks the nbd engine"; exit 1; }
 echo "ok"
 
 step "format (cargo fmt --check)"

@@ -242,13 +242,13 @@ fn read_loop(conn: &Arc<Connection>, mut r: impl Read) -> Result<(), Violation> 
             match read_write_payload(ctl, &mut req, &mut r) {
                 Ok(true) => {}
                 Ok(false) => {
-                    // Disconnected mid-payload: the request is dropped (its
-                    // clean-up answers into a closed socket).
-                    drop(req);
+                    // Disconnected mid-payload: nothing to answer.
+                    req.abandon();
                     return Ok(());
                 }
                 Err(v) => {
-                    drop(req);
+                    // A hard disconnect: no reply.
+                    req.abandon();
                     return Err(v);
                 }
             }

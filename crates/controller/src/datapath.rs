@@ -117,6 +117,13 @@ impl Request {
             .record(op, bytes, ok, self.received.elapsed());
     }
 
+    /// Drop the request without any reply (the connection is being closed:
+    /// the client went away or broke the protocol).
+    pub(crate) fn abandon(mut self) {
+        self.replied = true;
+        self.give_back_slots();
+    }
+
     fn give_back_slots(&mut self) {
         let slots = std::mem::take(&mut self.slots);
         match self.slot_state {

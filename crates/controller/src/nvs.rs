@@ -244,7 +244,8 @@ impl Nvs {
             Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
         }
         let len = file.metadata().map_err(io)?.len();
-        let slot_count = if len == 0 {
+        let fresh = len == 0;
+        let slot_count = if fresh {
             let slot_count = slots_for(size_bytes);
             let total = SUPERBLOCK_BYTES + u64::from(slot_count) * SLOT_BYTES as u64;
             file.set_len(total).map_err(io)?;
@@ -285,7 +286,13 @@ impl Nvs {
             next_seq: AtomicU64::new(1),
             closing: AtomicBool::new(false),
         };
-        let report = nvs.scan();
+        let report = if fresh {
+            // A new file holds no records: every slot is free.
+            nvs.free.lock().slots = (0..slot_count).rev().collect();
+            ScanReport::default()
+        } else {
+            nvs.scan()
+        };
         Ok((nvs, report))
     }
 

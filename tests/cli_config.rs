@@ -1,0 +1,129 @@
+//! Bad flags and configuration: `rebound serve` exits non-zero with a
+//! message naming the problem, and touches no data.
+
+mod common;
+
+use std::process::Command;
+
+use common::Server;
+
+fn serve(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_rebound"))
+        .arg("serve")
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn bad_flag_values_are_refused_with_the_setting_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("d");
+    let d = d.to_str().unwrap();
+    for (args, expect) in [
+        (vec!["--volume-size", "1X"], "unknown unit"),
+        (vec!["--volume-size", "1000"], "volume_size"),
+        (vec!["--policy", "fastest"], "policy"),
+        (vec!["--nvs-size", "1M"], "nvs_size"),
+        (vec!["--devices", "0"], "devices"),
+        (vec!["--listen", "not-an-address"], "invalid socket address"),
+        (vec!["--flush", "sometimes"], "possible values"),
+    ] {
+        let mut all = vec!["--data-dir", d];
+        if !args.contains(&"--listen") {
+            all.extend(["--listen", "127.0.0.1:0"]);
+        }
+        all.extend(args.iter());
+        let (ok, err) = serve(&all);
+        assert!(!ok, "{args:?} accepted");
+        assert!(err.contains(expect), "{args:?}: {err}");
+    }
+    assert!(
+        !dir.path().join("d").exists(),
+        "a refused configuration created the volume"
+    );
+}
+
+#[test]
+fn a_bad_configuration_file_is_refused_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("rebound.toml");
+    std::fs::write(&cfg, "volume_sise = \"1G\"\n").unwrap();
+    let (ok, err) = serve(&["--config", cfg.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(
+        err.contains("volume_sise") && err.contains("rebound.toml"),
+        "{err}"
+    );
+    std::fs::write(&cfg, "cache_size = [1, 2\n").unwrap();
+    let (ok, err) = serve(&["--config", cfg.to_str().unwrap()]);
+    assert!(!ok && err.contains("invalid configuration file"), "{err}");
+    let (ok, err) = serve(&[
+        "--config",
+        dir.path().join("missing.toml").to_str().unwrap(),
+    ]);
+    assert!(
+        !ok && err.contains("cannot read configuration file"),
+        "{err}"
+    );
+}
+
+#[test]
+fn reopening_a_volume_with_another_size_or_a_busy_nvs_is_refused() {
+    let mut server = Server::start("32M", &[]);
+    let data = server.dir.path().join("data");
+    let data = data.to_str().unwrap().to_owned();
+    let nvs = server.nvs.to_str().unwrap().to_owned();
+    // The NVS is held by the running server.
+    let (ok, err) = serve(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        &data,
+        "--nvs",
+        &nvs,
+        "--volume-size",
+        "32M",
+        "--nvs-size",
+        "96M",
+    ]);
+    assert!(
+        !ok && err.contains("in use by another rebound process"),
+        "{err}"
+    );
+    assert!(server.stop().success());
+    let (ok, err) = serve(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        &data,
+        "--nvs",
+        &nvs,
+        "--volume-size",
+        "64M",
+        "--nvs-size",
+        "96M",
+    ]);
+    assert!(!ok && err.contains("volume_size"), "{err}");
+    // An NVS of another volume is not replayed onto this one.
+    let mut other = Server::start("32M", &[]);
+    let other_nvs = other.nvs.to_str().unwrap().to_owned();
+    assert!(other.stop().success());
+    let (ok, err) = serve(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        &data,
+        "--nvs",
+        &other_nvs,
+        "--volume-size",
+        "32M",
+        "--nvs-size",
+        "96M",
+    ]);
+    assert!(!ok && err.contains("belongs to volume"), "{err}");
+}

@@ -1,0 +1,206 @@
+//! Shared harness for end-to-end tests: start the real `rebound serve`
+//! process, find its address, stop it (SIGTERM) or kill it (SIGKILL), run
+//! real NBD clients against it, and speak raw NBD for bad-input tests.
+#![allow(dead_code)]
+
+pub mod raw;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// A `rebound serve` process with its own data directory and NVS.
+pub struct Server {
+    child: Option<Child>,
+    pub addr: String,
+    pub dir: tempfile::TempDir,
+    pub nvs: PathBuf,
+    args: Vec<String>,
+    pub stderr_log: PathBuf,
+}
+
+/// Path of a client binary, or a panic telling how to get it.
+pub fn tool(name: &str) -> PathBuf {
+    for dir in std::env::var("PATH").unwrap_or_default().split(':') {
+        let p = Path::new(dir).join(name);
+        if p.is_file() {
+            return p;
+        }
+    }
+    panic!("{name} is not installed; scripts/test.sh installs the NBD clients the tests need");
+}
+
+impl Server {
+    /// Start a server with a volume of `volume` (e.g. "256M") and extra flags.
+    pub fn start(volume: &str, extra: &[&str]) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let nvs = PathBuf::from(format!(
+            "/dev/shm/rebound-test-{}-{}.nvs",
+            std::process::id(),
+            dir.path().file_name().unwrap().to_string_lossy()
+        ));
+        let mut args: Vec<String> = vec![
+            "serve".into(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--data-dir".into(),
+            dir.path().join("data").to_string_lossy().into_owned(),
+            "--nvs".into(),
+            nvs.to_string_lossy().into_owned(),
+            "--volume-size".into(),
+            volume.into(),
+            "--nvs-size".into(),
+            "96M".into(),
+            "--cache-size".into(),
+            "16M".into(),
+        ];
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        let stderr_log = dir.path().join("server.log");
+        let mut s = Self {
+            child: None,
+            addr: String::new(),
+            dir,
+            nvs,
+            args,
+            stderr_log,
+        };
+        s.launch();
+        s
+    }
+
+    fn launch(&mut self) {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_rebound"))
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawning rebound serve");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let log = self.stderr_log.clone();
+        std::thread::spawn(move || {
+            use std::io::Write;
+            let mut file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(log)
+                .ok();
+            let mut sent = false;
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(f) = file.as_mut() {
+                    let _ = writeln!(f, "{line}");
+                }
+                if !sent && let Some(rest) = line.split("on nbd://").nth(1) {
+                    let addr = rest.split('/').next().unwrap_or_default().to_owned();
+                    let _ = tx.send(addr);
+                    sent = true;
+                }
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| {
+                let log = std::fs::read_to_string(&self.stderr_log).unwrap_or_default();
+                panic!("rebound serve did not start; its stderr:\n{log}")
+            });
+        self.addr = addr;
+        self.child = Some(child);
+    }
+
+    /// `nbd://ADDR/` (the default export).
+    pub fn uri(&self) -> String {
+        format!("nbd://{}/", self.addr)
+    }
+
+    /// The port.
+    pub fn port(&self) -> String {
+        self.addr.rsplit(':').next().unwrap().to_owned()
+    }
+
+    /// SIGTERM and wait (clean shutdown); the exit status.
+    pub fn stop(&mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("server running");
+        let pid = child.id() as i32;
+        // SAFETY: kill(2) with a pid we spawned and own; no memory involved.
+        let rc = unsafe { libc::kill(pid, libc::SIGTERM) };
+        assert_eq!(rc, 0, "kill(SIGTERM) failed");
+        wait_timeout(&mut child, Duration::from_secs(60))
+            .expect("server did not stop after SIGTERM")
+    }
+
+    /// SIGKILL (a crash) and reap.
+    pub fn kill9(&mut self) {
+        let mut child = self.child.take().expect("server running");
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// Start again with the same data directory, NVS and flags.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "stop or kill first");
+        self.launch();
+    }
+
+    /// Whether the process is still alive.
+    pub fn alive(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
+    }
+
+    /// The server's stderr so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.stderr_log).unwrap_or_default()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_file(&self.nvs);
+    }
+}
+
+fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Run a command; panic with its output unless it succeeds.
+pub fn run_ok(cmd: &mut Command) -> Output {
+    let out = cmd.output().expect("spawning a client");
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed with {}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Deterministic pseudo-random bytes.
+pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
