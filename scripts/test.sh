@@ -43,5 +43,6 @@ RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/loom" \
 
 step "experiments, quick mode (smoke)"
 cargo run --release --quiet -- bench rcs --quick
+cargo run --release --quiet -- bench controller --quick
 
 step "all passed"

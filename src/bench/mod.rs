@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 
+mod controller;
 mod rcs;
 
 /// Arguments shared by every experiment.
@@ -19,6 +20,8 @@ pub struct BenchArgs {
 enum Which {
     /// Recovery-conscious scheduling, good path and bad path (paper §6.3), per policy.
     Rcs(rcs::RcsArgs),
+    /// The controller over NBD vs nbdkit (file, memory) and qemu-nbd, fio cache-standard.
+    Controller(controller::ControllerArgs),
 }
 
 /// Options every experiment accepts.
@@ -36,5 +39,6 @@ pub struct CommonArgs {
 pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     match args.which {
         Which::Rcs(a) => rcs::run(a),
+        Which::Controller(a) => controller::run(a),
     }
 }

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Compare rebound with other NBD servers on the same machine, in the same
+# run, with the same client: fio's nbd engine running bench/fio/cache-standard.fio
+# (4 KiB random, 75% reads, iodepth 32, over a 1 GiB export).
+#
+#   bench/controller.sh [--quick] [--out DIR] [--rebound PATH] [--rounds N] [--runtime SECONDS]
+#
+# Servers: rebound (whole data path: rcs dispatch, cache, NVS, destage),
+# nbdkit file plugin (on a preallocated 1 GiB file), nbdkit memory plugin,
+# qemu-nbd (raw file). Rounds are interleaved (every server once per round)
+# and the median round per server is reported. Prints a table and writes
+# DIR/controller.csv (one line per run). `rebound bench controller` runs this
+# script and draws DIR/controller.png.
+set -euo pipefail
+
+quick=0; out="bench/out"; rebound=""; rounds=""; runtime=""
+while (($#)); do
+  case "$1" in
+    --quick) quick=1 ;;
+    --out) out="$2"; shift ;;
+    --rebound) rebound="$2"; shift ;;
+    --rounds) rounds="$2"; shift ;;
+    --runtime) runtime="$2"; shift ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    *) echo "controller.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+if ((quick)); then rounds=${rounds:-1}; runtime=${runtime:-5}; else rounds=${rounds:-3}; runtime=${runtime:-20}; fi
+here="$(cd "$(dirname "$0")" && pwd)"
+job="$here/fio/cache-standard.fio"
+if [ -z "$rebound" ]; then
+  rebound="$here/../target/release/rebound"
+fi
+[ -x "$rebound" ] || { echo "controller.sh: no rebound binary at $rebound (cargo build --release)" >&2; exit 2; }
+
+need=()
+for t in fio:fio nbdkit:nbdkit qemu-nbd:qemu-utils jq:jq; do
+  command -v "${t%%:*}" >/dev/null 2>&1 || need+=("${t#*:}")
+done
+if ((${#need[@]})); then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq "${need[@]}"
+fi
+
+mkdir -p "$out"
+work="$(mktemp -d)"
+trap 'jobs -p | xargs -r kill 2>/dev/null || true; rm -rf "$work" /dev/shm/rebound-bench-$$.nvs' EXIT
+port=$((20000 + $$ % 20000))
+sed "s/^runtime=.*/runtime=$runtime/" "$job" > "$work/job.fio"
+csv="$out/controller.csv"
+echo "server,round,iops,read_p99_us,write_p99_us,read_mean_us,write_mean_us" > "$csv"
+
+wait_port() {
+  for _ in $(seq 1 200); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
+    sleep 0.05
+  done
+  echo "controller.sh: server did not listen on $port" >&2; return 1
+}
+
+start() {
+  case "$1" in
+    rebound)
+      rm -rf "$work/rebound" /dev/shm/rebound-bench-$$.nvs
+      "$rebound" serve --listen "127.0.0.1:$port" --data-dir "$work/rebound" \
+        --nvs /dev/shm/rebound-bench-$$.nvs 2>"$work/rebound.log" & ;;
+    nbdkit-file)
+      rm -f "$work/file.img"; fallocate -l 1G "$work/file.img"
+      nbdkit -f -p "$port" file "$work/file.img" & ;;
+    nbdkit-memory)
+      nbdkit -f -p "$port" memory 1G & ;;
+    qemu-nbd)
+      rm -f "$work/qemu.img"; fallocate -l 1G "$work/qemu.img"
+      qemu-nbd -f raw -x "" -p "$port" -t "$work/qemu.img" & ;;
+  esac
+  pid=$!
+  wait_port
+}
+
+stop() {
+  kill -INT "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+}
+
+servers=(rebound nbdkit-file nbdkit-memory qemu-nbd)
+total=$((rounds * ${#servers[@]})); n=0
+for round in $(seq 1 "$rounds"); do
+  for s in "${servers[@]}"; do
+    n=$((n + 1))
+    printf '\r[%d/%d] round %d: %-14s (%ss)' "$n" "$total" "$round" "$s" "$runtime" >&2
+    start "$s"
+    PORT=$port fio "$work/job.fio" --output-format=json 2>/dev/null | sed -n '/^{/,$p' > "$work/out.json"
+    stop
+    jq -r --arg s "$s" --arg r "$round" '.jobs[0] as $j | [$s, $r,
+        ($j.read.iops + $j.write.iops),
+        ($j.read.clat_ns.percentile["99.000000"] / 1000),
+        ($j.write.clat_ns.percentile["99.000000"] / 1000),
+        ($j.read.clat_ns.mean / 1000), ($j.write.clat_ns.mean / 1000)] | @csv' \
+      "$work/out.json" | tr -d '"' >> "$csv"
+  done
+done
+printf '\r%60s\r' '' >&2
+
+echo "cache-standard (fio nbd engine, 4 KiB random 75% read, iodepth 32, 1 GiB): $rounds round(s) of ${runtime}s, median per server"
+awk -F, 'NR > 1 { n[$1]++; i[$1, n[$1]] = $3; rp[$1, n[$1]] = $4; wp[$1, n[$1]] = $5; rm[$1, n[$1]] = $6; wm[$1, n[$1]] = $7 }
+END {
+  split("rebound nbdkit-file nbdkit-memory qemu-nbd", order, " ")
+  for (k = 1; k <= 4; k++) {
+    s = order[k]; m = n[s]
+    # median by IOPS: sort indices
+    for (a = 1; a <= m; a++) idx[a] = a
+    for (a = 1; a <= m; a++) for (b = a + 1; b <= m; b++) if (i[s, idx[b]] < i[s, idx[a]]) { t = idx[a]; idx[a] = idx[b]; idx[b] = t }
+    j = idx[int((m + 1) / 2)]
+    med[s] = i[s, j]; p99r[s] = rp[s, j]; p99w[s] = wp[s, j]; mr[s] = rm[s, j]; mw[s] = wm[s, j]
+  }
+  printf "%-14s %10s %9s %14s %15s %13s %14s\n", "server", "IOPS", "vs file", "read p99 µs", "write p99 µs", "read mean µs", "write mean µs"
+  for (k = 1; k <= 4; k++) { s = order[k]
+    printf "%-14s %10.0f %9.3f %14.0f %15.0f %13.1f %14.1f\n", s, med[s], med[s] / med["nbdkit-file"], p99r[s], p99w[s], mr[s], mw[s] }
+  ratio = med["rebound"] / med["nbdkit-file"]
+  p99 = (p99r["rebound"] <= p99r["nbdkit-file"] && p99w["rebound"] <= p99w["nbdkit-file"])
+  printf "target: rebound >= 1.0x nbdkit-file IOPS: %.3fx (%s); p99 no worse (read %.0f vs %.0f, write %.0f vs %.0f µs): %s\n",
+    ratio, (ratio >= 1.0 ? "met" : "MISSED"), p99r["rebound"], p99r["nbdkit-file"], p99w["rebound"], p99w["nbdkit-file"], (p99 ? "met" : "MISSED")
+}' "$csv"
+echo "raw results: $csv"
