@@ -70,13 +70,19 @@ pub fn run(args: ControllerArgs) -> anyhow::Result<std::process::ExitCode> {
 
 /// Median IOPS, read p99 and write p99 per server, in the script's order.
 fn medians(csv: &Path) -> anyhow::Result<Vec<(String, [f64; 3])>> {
-    let text = std::fs::read_to_string(csv).with_context(|| format!("reading {}", csv.display()))?;
+    let text =
+        std::fs::read_to_string(csv).with_context(|| format!("reading {}", csv.display()))?;
     let mut per: Vec<(String, Vec<[f64; 3]>)> = Vec::new();
     for line in text.lines().skip(1) {
         let f: Vec<&str> = line.split(',').collect();
-        anyhow::ensure!(f.len() == 7, "malformed line in {}: {line:?}", csv.display());
+        anyhow::ensure!(
+            f.len() == 7,
+            "malformed line in {}: {line:?}",
+            csv.display()
+        );
         let num = |i: usize| -> anyhow::Result<f64> {
-            f[i].parse().with_context(|| format!("bad number {:?} in {}", f[i], csv.display()))
+            f[i].parse()
+                .with_context(|| format!("bad number {:?} in {}", f[i], csv.display()))
         };
         let row = [num(2)?, num(3)?, num(4)?];
         match per.iter_mut().find(|(s, _)| s == f[0]) {

@@ -50,11 +50,13 @@ impl Server {
             nvs.to_string_lossy().into_owned(),
             "--volume-size".into(),
             volume.into(),
-            "--nvs-size".into(),
-            "96M".into(),
-            "--cache-size".into(),
-            "16M".into(),
         ];
+        // Small defaults keep start-up fast; a test's own flags win.
+        for (flag, value) in [("--nvs-size", "96M"), ("--cache-size", "16M")] {
+            if !extra.contains(&flag) {
+                args.extend([flag.to_owned(), value.to_owned()]);
+            }
+        }
         args.extend(extra.iter().map(|s| (*s).to_owned()));
         let stderr_log = dir.path().join("server.log");
         let mut s = Self {

@@ -1,0 +1,279 @@
+//! The invariant under crashes: a write acknowledged to a client is never
+//! lost, and a read never returns data that was not written.
+//!
+//! A pipelined client writes self-identifying versions of tracks (each 4 KiB
+//! block names its track and version and is filled from both), recording
+//! when each write was issued and when it was acknowledged (one event clock),
+//! while the server is SIGKILLed at a random moment. After the restart each
+//! track must hold a version F that real-time order allows: no acknowledged
+//! write of the track was issued after F was acknowledged (NBD orders only
+//! writes that do not overlap in flight; an unacknowledged write may or may
+//! not have landed). Never older data, never a torn block, never bytes
+//! nobody wrote.
+//!
+//! `REBOUND_CRASH_KILLS` sets the number of kills (default 200).
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::Server;
+use common::raw::{self, Raw};
+
+const TRACK: usize = 4096;
+const TRACKS: u64 = 1024;
+
+/// The block for (track, version).
+fn block(track: u64, version: u64) -> Vec<u8> {
+    let mut b = vec![0u8; TRACK];
+    b[0..8].copy_from_slice(&track.to_le_bytes());
+    b[8..16].copy_from_slice(&version.to_le_bytes());
+    let mut x = track.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ version.wrapping_add(1);
+    for chunk in b[16..].chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+    }
+    b
+}
+
+/// What a block holds: a version of its track (checked byte for byte), the
+/// never-written zero block, or garbage.
+fn identify(track: u64, data: &[u8]) -> Result<Option<u64>, String> {
+    if data.iter().all(|&b| b == 0) {
+        return Ok(None);
+    }
+    let t = u64::from_le_bytes(data[0..8].try_into().unwrap());
+    let v = u64::from_le_bytes(data[8..16].try_into().unwrap());
+    if t != track || data != block(track, v).as_slice() {
+        return Err(format!(
+            "track {track} holds bytes no one wrote (header says track {t} v{v})"
+        ));
+    }
+    Ok(Some(v))
+}
+
+/// One write of a track: its version, when it was issued and acknowledged.
+#[derive(Debug, Clone, Copy)]
+struct Rec {
+    version: u64,
+    issued: u64,
+    acked: Option<u64>,
+}
+
+/// The history of every track since its last verified state.
+#[derive(Default)]
+struct Ledger {
+    clock: u64,
+    tracks: HashMap<u64, Vec<Rec>>,
+}
+
+impl Ledger {
+    fn tick(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
+    }
+
+    fn issue(&mut self, track: u64, version: u64) {
+        let issued = self.tick();
+        self.tracks.entry(track).or_default().push(Rec {
+            version,
+            issued,
+            acked: None,
+        });
+    }
+
+    fn ack(&mut self, track: u64, version: u64) {
+        let now = self.tick();
+        let rec = self
+            .tracks
+            .get_mut(&track)
+            .and_then(|h| h.iter_mut().find(|r| r.version == version))
+            .expect("acknowledged write was issued");
+        rec.acked = Some(now);
+    }
+
+    /// Check what a track holds after a crash; it becomes the new base.
+    fn check(&mut self, track: u64, found: Option<u64>) -> Result<bool, String> {
+        let history = self.tracks.remove(&track).unwrap_or_default();
+        let any_acked = history.iter().any(|r| r.acked.is_some());
+        let verdict = match found {
+            None if !any_acked => Ok(false),
+            None => Err("holds nothing although writes were acknowledged".to_owned()),
+            Some(v) => match history.iter().find(|r| r.version == v) {
+                None => Err(format!("holds v{v}, which is not in its history")),
+                Some(f) => match f.acked {
+                    Some(a) => match history.iter().find(|w| w.acked.is_some() && w.issued > a) {
+                        Some(w) => Err(format!(
+                            "holds v{v} (acknowledged at {a}) but v{} was issued at {} and acknowledged",
+                            w.version, w.issued
+                        )),
+                        None => Ok(true),
+                    },
+                    None => Ok(false),
+                },
+            },
+        };
+        if let Some(v) = found {
+            self.tracks.insert(
+                track,
+                vec![Rec {
+                    version: v,
+                    issued: 0,
+                    acked: Some(0),
+                }],
+            );
+        }
+        verdict.map_err(|e| format!("track {track} {e}; history {history:?}"))
+    }
+}
+
+/// Writes in flight: cookie -> (track, version) per track written.
+type InFlight = HashMap<u64, Vec<(u64, u64)>>;
+
+/// Write until the connection breaks (the kill); returns the writes issued.
+fn write_until_killed(
+    addr: &str,
+    ledger: &Arc<Mutex<Ledger>>,
+    next_version: &mut u64,
+    seed: u64,
+) -> u64 {
+    let r = Raw::go(addr);
+    let mut tx = r.s.try_clone().unwrap();
+    let mut rx = r.s;
+    let cookies: Arc<Mutex<InFlight>> = Arc::default();
+    let done = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (ledger, cookies, done) = (Arc::clone(ledger), Arc::clone(&cookies), Arc::clone(&done));
+        std::thread::spawn(move || {
+            let mut h = [0u8; 16];
+            while rx.read_exact(&mut h).is_ok() {
+                let error = u32::from_be_bytes(h[4..8].try_into().unwrap());
+                let cookie = u64::from_be_bytes(h[8..16].try_into().unwrap());
+                assert_eq!(error, 0, "a write failed with error {error}");
+                let writes = cookies
+                    .lock()
+                    .unwrap()
+                    .remove(&cookie)
+                    .expect("reply to a known cookie");
+                let mut l = ledger.lock().unwrap();
+                for (track, version) in writes {
+                    l.ack(track, version);
+                }
+            }
+            done.store(true, Ordering::SeqCst);
+        })
+    };
+    let mut rng = seed | 1;
+    let mut issued = 0;
+    let mut cookie = 0u64;
+    while !done.load(Ordering::SeqCst) {
+        if cookies.lock().unwrap().len() >= 16 {
+            std::thread::sleep(Duration::from_micros(50));
+            continue;
+        }
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let tracks = 1 + (rng >> 60) % 3;
+        let first = (rng >> 8) % (TRACKS - tracks);
+        let mut payload = Vec::with_capacity(tracks as usize * TRACK);
+        let mut writes = Vec::new();
+        {
+            let mut l = ledger.lock().unwrap();
+            for t in first..first + tracks {
+                *next_version += 1;
+                payload.extend_from_slice(&block(t, *next_version));
+                writes.push((t, *next_version));
+                l.issue(t, *next_version);
+            }
+        }
+        cookie += 1;
+        cookies.lock().unwrap().insert(cookie, writes);
+        let mut req = Vec::with_capacity(28 + payload.len());
+        req.extend_from_slice(&0x2560_9513u32.to_be_bytes());
+        req.extend_from_slice(&0u16.to_be_bytes());
+        req.extend_from_slice(&raw::CMD_WRITE.to_be_bytes());
+        req.extend_from_slice(&cookie.to_be_bytes());
+        req.extend_from_slice(&(first * TRACK as u64).to_be_bytes());
+        req.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+        req.extend_from_slice(&payload);
+        if tx.write_all(&req).is_err() {
+            break;
+        }
+        issued += 1;
+    }
+    let _ = tx.shutdown(std::net::Shutdown::Both);
+    reader.join().unwrap();
+    issued
+}
+
+/// After a restart: every track holds a version real-time order allows.
+/// Returns the number of tracks found holding an acknowledged version.
+fn verify(addr: &str, ledger: &mut Ledger) -> usize {
+    let mut r = Raw::go(addr);
+    let mut checked = 0;
+    for track in 0..TRACKS {
+        r.request(raw::CMD_READ, 0, track, track * TRACK as u64, TRACK as u32);
+        let (_, error, data) = r.simple_reply(TRACK);
+        assert_eq!(error, 0, "read of track {track} failed");
+        let found = identify(track, &data).unwrap_or_else(|e| panic!("{e}"));
+        match ledger.check(track, found) {
+            Ok(acked) => checked += usize::from(acked),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    r.request(raw::CMD_DISC, 0, 0, 0, 0);
+    checked
+}
+
+#[test]
+fn acknowledged_writes_survive_repeated_sigkill() {
+    let kills: u32 = std::env::var("REBOUND_CRASH_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    let mut server = Server::start("4M", &["--cache-size", "256K", "--workers", "2"]);
+    let ledger = Arc::new(Mutex::new(Ledger::default()));
+    let mut next_version = 0u64;
+    let mut rng = 0x1234_5678_9abc_def1u64;
+    let mut total_issued = 0;
+    let mut total_checked = 0;
+    for kill in 0..kills {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let delay = Duration::from_micros(2_000 + rng % 40_000);
+        let addr = server.addr.clone();
+        let killer = std::thread::spawn(move || std::thread::sleep(delay));
+        let writer = {
+            let (ledger, addr) = (Arc::clone(&ledger), addr.clone());
+            let mut v = next_version;
+            let seed = rng;
+            std::thread::spawn(move || {
+                let n = write_until_killed(&addr, &ledger, &mut v, seed);
+                (n, v)
+            })
+        };
+        killer.join().unwrap();
+        server.kill9();
+        let (issued, v) = writer.join().unwrap();
+        next_version = v;
+        total_issued += issued;
+        server.restart();
+        total_checked += verify(&server.addr, &mut ledger.lock().unwrap());
+        assert!(
+            kill < 3 || total_issued > 0,
+            "the client never got to write"
+        );
+    }
+    eprintln!(
+        "{kills} kills, {total_issued} writes issued, {total_checked} acknowledged tracks verified"
+    );
+    assert!(total_checked > 0, "nothing was verified");
+}
