@@ -11,6 +11,9 @@
 # and the median round per server is reported. Prints a table and writes
 # DIR/controller.csv (one line per run). `rebound bench controller` runs this
 # script and draws DIR/controller.png.
+#
+# Environment: REBOUND_FLAGS adds flags to `rebound serve` (experiments);
+# SERVERS limits the servers measured (default: all four).
 set -euo pipefail
 
 quick=0; out="bench/out"; rebound=""; rounds=""; runtime=""
@@ -63,7 +66,7 @@ start() {
     rebound)
       rm -rf "$work/rebound" /dev/shm/rebound-bench-$$.nvs
       "$rebound" serve --listen "127.0.0.1:$port" --data-dir "$work/rebound" \
-        --nvs /dev/shm/rebound-bench-$$.nvs 2>"$work/rebound.log" & ;;
+        --nvs /dev/shm/rebound-bench-$$.nvs ${REBOUND_FLAGS:-} 2>"$work/rebound.log" & ;;
     nbdkit-file)
       rm -f "$work/file.img"; fallocate -l 1G "$work/file.img"
       nbdkit -f -p "$port" file "$work/file.img" & ;;
@@ -82,7 +85,7 @@ stop() {
   wait "$pid" 2>/dev/null || true
 }
 
-servers=(rebound nbdkit-file nbdkit-memory qemu-nbd)
+read -r -a servers <<< "${SERVERS:-rebound nbdkit-file nbdkit-memory qemu-nbd}"
 total=$((rounds * ${#servers[@]})); n=0
 for round in $(seq 1 "$rounds"); do
   for s in "${servers[@]}"; do
@@ -104,8 +107,9 @@ printf '\r%60s\r' '' >&2
 echo "cache-standard (fio nbd engine, 4 KiB random 75% read, iodepth 32, 1 GiB): $rounds round(s) of ${runtime}s, median per server"
 awk -F, 'NR > 1 { n[$1]++; i[$1, n[$1]] = $3; rp[$1, n[$1]] = $4; wp[$1, n[$1]] = $5; rm[$1, n[$1]] = $6; wm[$1, n[$1]] = $7 }
 END {
-  split("rebound nbdkit-file nbdkit-memory qemu-nbd", order, " ")
-  for (k = 1; k <= 4; k++) {
+  split("rebound nbdkit-file nbdkit-memory qemu-nbd", all, " ")
+  c = 0; for (k = 1; k <= 4; k++) if (all[k] in n) order[++c] = all[k]
+  for (k = 1; k <= c; k++) {
     s = order[k]; m = n[s]
     # median by IOPS: sort indices
     for (a = 1; a <= m; a++) idx[a] = a
@@ -114,7 +118,7 @@ END {
     med[s] = i[s, j]; p99r[s] = rp[s, j]; p99w[s] = wp[s, j]; mr[s] = rm[s, j]; mw[s] = wm[s, j]
   }
   printf "%-14s %10s %9s %14s %15s %13s %14s\n", "server", "IOPS", "vs file", "read p99 µs", "write p99 µs", "read mean µs", "write mean µs"
-  for (k = 1; k <= 4; k++) { s = order[k]
+  for (k = 1; k <= c; k++) { s = order[k]
     printf "%-14s %10.0f %9.3f %14.0f %15.0f %13.1f %14.1f\n", s, med[s], med[s] / med["nbdkit-file"], p99r[s], p99w[s], mr[s], mw[s] }
   ratio = med["rebound"] / med["nbdkit-file"]
   p99 = (p99r["rebound"] <= p99r["nbdkit-file"] && p99w["rebound"] <= p99w["nbdkit-file"])

@@ -43,6 +43,10 @@ pub struct ServeArgs {
     /// Scheduling policy: performance, static, partial or dynamic [default: dynamic].
     #[arg(long, value_name = "POLICY")]
     policy: Option<String>,
+    /// Scheduling rounds an idle worker spins before parking (more: lower
+    /// latency, more CPU) [default: 1024].
+    #[arg(long, value_name = "N")]
+    idle_spins: Option<u32>,
     /// Serve Prometheus metrics at http://ADDR/metrics.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<SocketAddr>,

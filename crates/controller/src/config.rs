@@ -13,6 +13,7 @@
 //! cache_size = "256M"
 //! workers = 0                              # 0: one per core
 //! policy = "dynamic"
+//! idle_spins = 1024                        # rcs worker spin before parking
 //! metrics = "127.0.0.1:9109"               # optional
 //! flush = "devices"
 //! direct_io = false
@@ -137,6 +138,8 @@ pub struct Config {
     pub workers: usize,
     /// rcs scheduling policy.
     pub policy: String,
+    /// Scheduling rounds an idle rcs worker spins before parking.
+    pub idle_spins: u32,
     /// Prometheus endpoint (`http://ADDR/metrics`), if any.
     pub metrics: Option<SocketAddr>,
     /// What FLUSH and FUA make durable.
@@ -161,6 +164,9 @@ impl Default for Config {
             cache_size: 256 << 20,
             workers: 0,
             policy: "dynamic".to_owned(),
+            // Measured with fio cache-standard: spinning ~100 µs before
+            // parking saves a futex wake-up per request under load.
+            idle_spins: 1024,
             metrics: None,
             flush: FlushPolicy::Devices,
             direct_io: false,
@@ -288,6 +294,12 @@ impl Config {
             return Err(invalid("workers", format!("at most {WORKERS_MAX}")));
         }
         self.rcs_policy()?;
+        if self.idle_spins > rcs::limits::IDLE_SPINS_MAX {
+            return Err(invalid(
+                "idle_spins",
+                format!("at most {}", rcs::limits::IDLE_SPINS_MAX),
+            ));
+        }
         if self.max_connections == 0 || self.max_connections > CONNECTIONS_MAX {
             return Err(invalid(
                 "max_connections",

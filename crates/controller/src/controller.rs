@@ -120,6 +120,7 @@ fn build_runtime(config: &Config) -> Result<(rcs::Runtime, Groups), OpenError> {
     b.workers(workers)
         .policy(policy)
         .queue_capacity(16_384)
+        .idle_spins(config.idle_spins)
         .thread_name("rebound-worker");
     let ids: Vec<rcs::GroupId> = names
         .iter()
