@@ -17,6 +17,10 @@ want fio fio
 want nbdinfo libnbd-bin
 want nbdcopy libnbd-bin
 want nbdkit nbdkit
+want valgrind valgrind
+want memcached memcached
+want nc netcat-openbsd
+want jq jq
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
 if ((${#need[@]})); then
   mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)
@@ -41,8 +45,18 @@ step "loom model checks of the lock-free protocols"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/loom" \
   cargo test -p rcs --test loom --release
 
+step "memcheck (valgrind) on the recovery box's unsafe mapping code"
+# Miri needs a nightly toolchain; valgrind checks the same code as built.
+for t in api; do
+  bin=$(cargo test -p recobox --test "$t" --no-run --message-format=json 2>/dev/null \
+    | jq -r 'select(.executable != null and .target.name == "'"$t"'") | .executable' | tail -1)
+  valgrind --error-exitcode=1 --leak-check=no -q "$bin" --test-threads=1 >/dev/null
+done
+echo "ok"
+
 step "experiments, quick mode (smoke)"
 cargo run --release --quiet -- bench rcs --quick
 cargo run --release --quiet -- bench controller --quick
+cargo run --release --quiet -- bench box --quick
 
 step "all passed"

@@ -6,6 +6,7 @@
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod box_cmd;
 mod report;
 mod serve;
 
@@ -22,6 +23,9 @@ struct Cli {
 enum Command {
     /// Serve a volume over NBD (the storage controller).
     Serve(serve::ServeArgs),
+    /// Inspect a recovery box (validation verdict, types, items).
+    #[command(name = "box")]
+    Box(box_cmd::BoxArgs),
     /// Run an experiment or benchmark; prints a table, full runs also write a PNG plot.
     Bench(bench::BenchArgs),
 }
@@ -31,6 +35,7 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(args) => serve::run(args),
+        Command::Box(args) => box_cmd::run(args),
         Command::Bench(args) => bench::run(args),
     };
     match result {

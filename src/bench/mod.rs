@@ -8,6 +8,7 @@ use clap::{Args, Subcommand};
 
 mod controller;
 mod rcs;
+mod recobox;
 
 /// Arguments shared by every experiment.
 #[derive(Debug, Args)]
@@ -20,6 +21,9 @@ pub struct BenchArgs {
 enum Which {
     /// Recovery-conscious scheduling, good path and bad path (paper §6.3), per policy.
     Rcs(rcs::RcsArgs),
+    /// The recovery box: operation costs, open+validate, restart vs memcached -e.
+    #[command(name = "box")]
+    Box(recobox::BoxBenchArgs),
     /// The controller over NBD vs nbdkit (file, memory) and qemu-nbd, fio cache-standard.
     Controller(controller::ControllerArgs),
 }
@@ -40,5 +44,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     match args.which {
         Which::Rcs(a) => rcs::run(a),
         Which::Controller(a) => controller::run(a),
+        Which::Box(a) => recobox::run(a),
     }
 }
