@@ -31,6 +31,9 @@ pub struct ServeArgs {
     /// NVS file [default: /dev/shm/rebound-<hash of data dir>.nvs].
     #[arg(long, value_name = "PATH")]
     nvs: Option<PathBuf>,
+    /// Recovery box file [default: /dev/shm/rebound-<hash of data dir>.box].
+    #[arg(long = "box", value_name = "PATH")]
+    box_path: Option<PathBuf>,
     /// NVS size [default: 256M].
     #[arg(long, value_name = "SIZE", value_parser = size)]
     nvs_size: Option<u64>,
@@ -95,6 +98,9 @@ impl ServeArgs {
         if let Some(v) = &self.nvs {
             c.nvs = Some(v.clone());
         }
+        if let Some(v) = &self.box_path {
+            c.box_path = Some(v.clone());
+        }
         if let Some(v) = self.metrics {
             c.metrics = Some(v);
         }
@@ -138,12 +144,18 @@ pub fn run(args: ServeArgs) -> anyhow::Result<std::process::ExitCode> {
     let server = Server::start(Arc::clone(&ctl))
         .with_context(|| format!("listening on {}", config.listen))?;
     let startup = ctl.startup();
+    let how = match &startup.kind {
+        controller::RestartKind::Fresh => "new volume".to_owned(),
+        controller::RestartKind::Fast => "fast restart from the recovery box".to_owned(),
+        controller::RestartKind::Hard { reason } => format!("hard restart (NVS scan; {reason})"),
+    };
     eprintln!(
-        "rebound: serving {} bytes on nbd://{}/ (data {}, NVS {}); replayed {} dirty tracks from the NVS in {:?}{}",
+        "rebound: serving {} bytes on nbd://{}/ (data {}, NVS {}, box {}); {how}: {} dirty tracks in {:?}{}",
         config.volume_size,
         server.local_addr(),
         config.data_dir.display(),
         config.nvs_path().display(),
+        config.box_path().display(),
         startup.replayed_tracks,
         startup.elapsed,
         metrics

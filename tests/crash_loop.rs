@@ -11,7 +11,11 @@
 //! not have landed). Never older data, never a torn block, never bytes
 //! nobody wrote.
 //!
-//! `REBOUND_CRASH_KILLS` sets the number of kills (default 200).
+//! Runs twice: restarting from the recovery box (rung 5; every restart must
+//! be a fast restart), and with the box damaged before every restart
+//! (truncated, a header bit flipped, or deleted: every restart must be a
+//! hard restart, rung 6). `REBOUND_CRASH_KILLS` sets the kills per run
+//! (default 150 and 100).
 
 mod common;
 
@@ -232,12 +236,33 @@ fn verify(addr: &str, ledger: &mut Ledger) -> usize {
     checked
 }
 
-#[test]
-fn acknowledged_writes_survive_repeated_sigkill() {
-    let kills: u32 = std::env::var("REBOUND_CRASH_KILLS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(200);
+/// What to do to the recovery box between the kill and the restart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BoxDamage {
+    /// Nothing: every restart must be a fast restart (rung 5).
+    None,
+    /// Truncate, flip a header bit, or delete it: every restart must be a
+    /// hard restart (rung 6), still losing nothing acknowledged.
+    Damage,
+}
+
+fn damage(path: &std::path::Path, kill: u32, rng: u64) {
+    match kill % 3 {
+        0 => {
+            let len = std::fs::metadata(path).unwrap().len();
+            let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+            f.set_len(len / 2).unwrap();
+        }
+        1 => {
+            let mut bytes = std::fs::read(path).unwrap();
+            bytes[(rng % 64) as usize] ^= 1 << (rng % 8);
+            std::fs::write(path, bytes).unwrap();
+        }
+        _ => std::fs::remove_file(path).unwrap(),
+    }
+}
+
+fn crash_loop(kills: u32, box_damage: BoxDamage) {
     let mut server = Server::start("4M", &["--cache-size", "256K", "--workers", "2"]);
     let ledger = Arc::new(Mutex::new(Ledger::default()));
     let mut next_version = 0u64;
@@ -265,7 +290,21 @@ fn acknowledged_writes_survive_repeated_sigkill() {
         let (issued, v) = writer.join().unwrap();
         next_version = v;
         total_issued += issued;
+        if box_damage == BoxDamage::Damage {
+            damage(&server.rbox, kill, rng);
+        }
         server.restart();
+        let banner = server.banner();
+        match box_damage {
+            BoxDamage::None => assert!(
+                banner.contains("fast restart"),
+                "restart {kill} was not fast: {banner}"
+            ),
+            BoxDamage::Damage => assert!(
+                banner.contains("hard restart"),
+                "restart {kill} was not hard: {banner}"
+            ),
+        }
         total_checked += verify(&server.addr, &mut ledger.lock().unwrap());
         assert!(
             kill < 3 || total_issued > 0,
@@ -273,7 +312,24 @@ fn acknowledged_writes_survive_repeated_sigkill() {
         );
     }
     eprintln!(
-        "{kills} kills, {total_issued} writes issued, {total_checked} acknowledged tracks verified"
+        "{kills} kills ({box_damage:?}), {total_issued} writes issued, {total_checked} acknowledged tracks verified"
     );
     assert!(total_checked > 0, "nothing was verified");
+}
+
+fn kills(default: u32) -> u32 {
+    std::env::var("REBOUND_CRASH_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[test]
+fn acknowledged_writes_survive_repeated_sigkill_with_fast_restart() {
+    crash_loop(kills(150), BoxDamage::None);
+}
+
+#[test]
+fn acknowledged_writes_survive_sigkill_when_the_recovery_box_is_damaged() {
+    crash_loop(kills(100), BoxDamage::Damage);
 }

@@ -16,6 +16,7 @@ pub struct Server {
     pub addr: String,
     pub dir: tempfile::TempDir,
     pub nvs: PathBuf,
+    pub rbox: PathBuf,
     args: Vec<String>,
     pub stderr_log: PathBuf,
 }
@@ -40,6 +41,7 @@ impl Server {
             std::process::id(),
             dir.path().file_name().unwrap().to_string_lossy()
         ));
+        let rbox = nvs.with_extension("box");
         let mut args: Vec<String> = vec![
             "serve".into(),
             "--listen".into(),
@@ -48,6 +50,8 @@ impl Server {
             dir.path().join("data").to_string_lossy().into_owned(),
             "--nvs".into(),
             nvs.to_string_lossy().into_owned(),
+            "--box".into(),
+            rbox.to_string_lossy().into_owned(),
             "--volume-size".into(),
             volume.into(),
         ];
@@ -64,6 +68,7 @@ impl Server {
             addr: String::new(),
             dir,
             nvs,
+            rbox,
             args,
             stderr_log,
         };
@@ -151,6 +156,16 @@ impl Server {
             .is_some_and(|c| c.try_wait().ok().flatten().is_none())
     }
 
+    /// The start-up banner of the current process (its last "serving" line).
+    pub fn banner(&self) -> String {
+        // The reader thread appends lines as they come; wait for this start's.
+        self.log()
+            .lines()
+            .rfind(|l| l.contains("serving"))
+            .unwrap_or_default()
+            .to_owned()
+    }
+
     /// The server's stderr so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.stderr_log).unwrap_or_default()
@@ -164,6 +179,7 @@ impl Drop for Server {
             let _ = c.wait();
         }
         let _ = std::fs::remove_file(&self.nvs);
+        let _ = std::fs::remove_file(&self.rbox);
     }
 }
 

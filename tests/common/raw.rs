@@ -59,6 +59,35 @@ impl Raw {
         )
     }
 
+    /// [`Raw::go`], or `None` if the server went away during the handshake.
+    pub fn try_go(addr: &str) -> Option<Self> {
+        let s = TcpStream::connect(addr).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(20))).ok()?;
+        let mut r = Self { s };
+        let mut greeting = [0u8; 18];
+        r.s.read_exact(&mut greeting).ok()?;
+        r.s.write_all(&3u32.to_be_bytes()).ok()?;
+        let mut data = 0u32.to_be_bytes().to_vec();
+        data.extend_from_slice(&0u16.to_be_bytes());
+        let mut v = IHAVEOPT.to_be_bytes().to_vec();
+        v.extend_from_slice(&OPT_GO.to_be_bytes());
+        v.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        v.extend_from_slice(&data);
+        r.s.write_all(&v).ok()?;
+        loop {
+            let mut h = [0u8; 20];
+            r.s.read_exact(&mut h).ok()?;
+            let n = u32::from_be_bytes(h[16..20].try_into().unwrap()) as usize;
+            let mut d = vec![0u8; n];
+            r.s.read_exact(&mut d).ok()?;
+            match u32::from_be_bytes(h[12..16].try_into().unwrap()) {
+                REP_ACK => return Some(r),
+                kind if kind >= 1 << 31 => return None,
+                _ => {}
+            }
+        }
+    }
+
     /// Fixed newstyle, NBD_OPT_GO on the default export: ready to transmit.
     pub fn go(addr: &str) -> Self {
         let mut r = Self::connect(addr);

@@ -28,6 +28,7 @@
 //!   shard since the miss (epoch check), so a stale read never hides a newer
 //!   write.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crossbeam_utils::CachePadded;
@@ -38,6 +39,21 @@ use crate::limits::{CACHE_SHARDS, TRACK_BYTES};
 use crate::nvs::{Nvs, NvsError};
 
 const NO_FRAME: u32 = u32::MAX;
+/// "No journal record" handle.
+pub const NO_HANDLE: u32 = u32::MAX;
+
+/// Where the directory's dirty entries are kept current for a fast restart
+/// (the recovery box). Called under the track's shard lock, so the journal
+/// sees a track's changes in the order the directory makes them, and before
+/// the write they describe is acknowledged.
+pub trait DirtyJournal: Send + Sync + std::fmt::Debug {
+    /// `track` is dirty with record `d`; `handle` is its current journal
+    /// record ([`NO_HANDLE`] if none). Returns the record's handle
+    /// ([`NO_HANDLE`] if the journal failed and stopped keeping records).
+    fn record(&self, track: u64, d: Dirty, handle: u32) -> u32;
+    /// `track` is clean: drop its record.
+    fn forget(&self, handle: u32);
+}
 const EMPTY_TRACK: u64 = u64::MAX;
 
 /// A dirty record of a track in the NVS.
@@ -55,6 +71,7 @@ struct Entry {
     dirty: Option<Dirty>,
     destaging: Option<Dirty>,
     queued: bool,
+    journal: u32,
 }
 
 impl Entry {
@@ -64,6 +81,7 @@ impl Entry {
             dirty: None,
             destaging: None,
             queued: false,
+            journal: NO_HANDLE,
         }
     }
 
@@ -209,6 +227,7 @@ pub struct Cache {
     zeroing: RwLock<Vec<(u64, u64)>>,
     stats: CacheStats,
     frames: usize,
+    journal: Option<Arc<dyn DirtyJournal>>,
 }
 
 impl std::fmt::Debug for Cache {
@@ -224,8 +243,9 @@ fn shard_of(track: u64) -> usize {
 }
 
 impl Cache {
-    /// A cache of `frames` frames (at least one per shard).
-    pub fn new(frames: usize) -> Self {
+    /// A cache of `frames` frames (at least one per shard), keeping its dirty
+    /// entries in `journal` if given.
+    pub fn new(frames: usize, journal: Option<Arc<dyn DirtyJournal>>) -> Self {
         let per_shard = frames.div_ceil(CACHE_SHARDS).max(1);
         let shards = (0..CACHE_SHARDS)
             .map(|_| {
@@ -251,7 +271,23 @@ impl Cache {
             zeroing: RwLock::new(Vec::new()),
             stats: CacheStats::default(),
             frames: per_shard * CACHE_SHARDS,
+            journal,
         }
+    }
+
+    fn journal_record(&self, e: &mut Entry, track: u64) {
+        if let (Some(j), Some(d)) = (&self.journal, e.dirty) {
+            e.journal = j.record(track, d, e.journal);
+        }
+    }
+
+    fn journal_forget(&self, e: &mut Entry) {
+        if let Some(j) = &self.journal
+            && e.journal != NO_HANDLE
+        {
+            j.forget(e.journal);
+        }
+        e.journal = NO_HANDLE;
     }
 
     /// Frames in the cache.
@@ -340,6 +376,7 @@ impl Cache {
             };
         }
         let superseded = e.dirty.replace(Dirty { slot, seq });
+        self.journal_record(e, track);
         let free = superseded
             .filter(|old| e.destaging != Some(*old))
             .map(|old| old.slot);
@@ -395,6 +432,7 @@ impl Cache {
         }
         if e.dirty == Some(d) {
             e.dirty = None;
+            self.journal_forget(e);
             out.free = Some(d.slot);
             shard.dirty -= 1;
         } else {
@@ -470,6 +508,7 @@ impl Cache {
             },
             cur => {
                 e.dirty = Some(Dirty { slot, seq });
+                self.journal_record(e, track);
                 let queue = !e.queued;
                 e.queued = true;
                 if cur.is_none() {
@@ -481,6 +520,18 @@ impl Cache {
                 }
             }
         }
+    }
+
+    /// Register a dirty record that the journal already holds (fast restart).
+    pub fn adopt_dirty(&self, track: u64, d: Dirty, handle: u32) {
+        let mut guard = self.shards[shard_of(track)].lock();
+        let shard = &mut *guard;
+        let e = shard.map.entry(track).or_insert_with(Entry::new);
+        debug_assert!(e.dirty.is_none(), "the journal names track {track} twice");
+        e.dirty = Some(d);
+        e.journal = handle;
+        e.queued = true;
+        shard.dirty += 1;
     }
 
     /// Fence destage out of tracks `[first, end)` (zeroing starts).
@@ -521,6 +572,12 @@ impl Cache {
                 {
                     debug_assert!(e.destaging.is_none());
                     e.dirty = None;
+                    if let Some(j) = &self.journal
+                        && e.journal != NO_HANDLE
+                    {
+                        j.forget(e.journal);
+                    }
+                    e.journal = NO_HANDLE;
                     free.push(d.slot);
                     shard.dirty -= 1;
                 }
@@ -586,7 +643,9 @@ mod tests {
 
     fn nvs() -> (tempfile::TempDir, Nvs) {
         let dir = tempfile::tempdir().unwrap();
-        let (nvs, _) = Nvs::open_or_create(&dir.path().join("nvs"), 4 << 20, 1, 1 << 20).unwrap();
+        let (nvs, fresh) =
+            Nvs::open_or_create(&dir.path().join("nvs"), 4 << 20, 1, 1 << 20).unwrap();
+        assert!(fresh);
         (dir, nvs)
     }
 
@@ -604,7 +663,7 @@ mod tests {
     #[test]
     fn a_write_is_read_back_and_supersedes_the_older_record() {
         let (_d, nvs) = nvs();
-        let cache = Cache::new(256);
+        let cache = Cache::new(256, None);
         let (first, a) = write(&cache, &nvs, 7, 1);
         assert_eq!(
             a,
@@ -625,7 +684,7 @@ mod tests {
     #[test]
     fn an_older_write_applied_late_is_discarded() {
         let (_d, nvs) = nvs();
-        let cache = Cache::new(256);
+        let cache = Cache::new(256, None);
         let old_slot = nvs.reserve(1, Duration::from_secs(1)).unwrap()[0];
         let old_seq = nvs.next_seqs(1);
         write(&cache, &nvs, 3, 9);
@@ -639,7 +698,7 @@ mod tests {
     #[test]
     fn a_write_during_destage_keeps_the_track_dirty_and_frees_each_slot_once() {
         let (_d, nvs) = nvs();
-        let cache = Cache::new(256);
+        let cache = Cache::new(256, None);
         let (first, _) = write(&cache, &nvs, 5, 1);
         let d = cache.begin_destage(5).unwrap();
         assert_eq!(d, first);
@@ -669,7 +728,7 @@ mod tests {
     #[test]
     fn a_stale_staged_read_is_not_installed_after_a_write() {
         let (_d, nvs) = nvs();
-        let cache = Cache::new(256);
+        let cache = Cache::new(256, None);
         let mut out = vec![0u8; TRACK_BYTES];
         let ReadOutcome::Miss { epoch } = cache.read(9, &mut out, &nvs).unwrap() else {
             panic!("expected a miss");
@@ -683,7 +742,7 @@ mod tests {
     #[test]
     fn eviction_keeps_dirty_data_readable_from_the_nvs() {
         let (_d, nvs) = nvs();
-        let cache = Cache::new(CACHE_SHARDS); // one frame per shard
+        let cache = Cache::new(CACHE_SHARDS, None); // one frame per shard
         write(&cache, &nvs, 0, 1);
         write(&cache, &nvs, CACHE_SHARDS as u64, 2); // same shard: evicts track 0's frame
         let mut out = vec![0u8; TRACK_BYTES];
@@ -694,7 +753,7 @@ mod tests {
     #[test]
     fn a_frame_failing_its_check_word_is_rebuilt_not_served() {
         let (_d, nvs) = nvs();
-        let cache = Cache::new(256);
+        let cache = Cache::new(256, None);
         write(&cache, &nvs, 11, 6);
         assert!(cache.damage_frame(11));
         let mut out = vec![0u8; TRACK_BYTES];
@@ -710,7 +769,7 @@ mod tests {
     #[test]
     fn zeroing_fences_destage_and_drops_only_older_records() {
         let (_d, nvs) = nvs();
-        let cache = Cache::new(256);
+        let cache = Cache::new(256, None);
         let (old, _) = write(&cache, &nvs, 20, 1);
         cache.begin_zeroing(16, 32);
         assert!(

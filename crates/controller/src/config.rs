@@ -10,6 +10,7 @@
 //! devices = 1
 //! nvs = "/dev/shm/rebound-XXXXXXXX.nvs"   # default: derived from data_dir
 //! nvs_size = "256M"
+//! box = "/dev/shm/rebound-XXXXXXXX.box"   # default: derived from data_dir
 //! cache_size = "256M"
 //! workers = 0                              # 0: one per core
 //! policy = "dynamic"
@@ -131,6 +132,9 @@ pub struct Config {
     /// Size of the NVS.
     #[serde(deserialize_with = "de_size")]
     pub nvs_size: u64,
+    /// Path of the recovery box (default: under /dev/shm, named after `data_dir`).
+    #[serde(rename = "box")]
+    pub box_path: Option<PathBuf>,
     /// Size of the read cache.
     #[serde(deserialize_with = "de_size")]
     pub cache_size: u64,
@@ -161,6 +165,7 @@ impl Default for Config {
             devices: 1,
             nvs: None,
             nvs_size: 256 << 20,
+            box_path: None,
             cache_size: 256 << 20,
             workers: 0,
             policy: "dynamic".to_owned(),
@@ -230,6 +235,13 @@ impl Config {
         self.nvs
             .clone()
             .unwrap_or_else(|| shm_path(&self.data_dir, "nvs"))
+    }
+
+    /// The recovery box path: configured, or `/dev/shm/rebound-<hash of data_dir>.box`.
+    pub fn box_path(&self) -> PathBuf {
+        self.box_path
+            .clone()
+            .unwrap_or_else(|| shm_path(&self.data_dir, "box"))
     }
 
     /// Tracks in the volume.

@@ -20,9 +20,10 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::cache::Cache;
+use crate::cache::{Cache, DirtyJournal};
 use crate::config::{Config, ConfigError, FlushPolicy};
 use crate::destage::DestageQueue;
+use crate::journal::{BoxJournal, VolumeIdentity};
 use crate::limits::{MAX_PAYLOAD_BYTES, TRACK_BYTES};
 use crate::metrics::{Gauges, Metrics};
 use crate::nbd::handshake::ExportInfo;
@@ -65,13 +66,32 @@ pub enum OpenError {
     /// A thread could not start.
     #[error("cannot start a thread: {0}")]
     Thread(#[from] std::io::Error),
+    /// The recovery box could not be created.
+    #[error("cannot create the recovery box: {0}")]
+    RecoveryBox(String),
+}
+
+/// How the controller came up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RestartKind {
+    /// A new NVS: nothing to recover.
+    Fresh,
+    /// Rung 5: the directory came back from the recovery box.
+    Fast,
+    /// Rung 6: the recovery box could not be used; the NVS was scanned.
+    Hard {
+        /// Why the fast path was refused.
+        reason: String,
+    },
 }
 
 /// What start-up found.
 #[derive(Debug, Clone)]
 pub struct StartupReport {
-    /// The NVS scan.
-    pub scan: ScanReport,
+    /// Which path start-up took.
+    pub kind: RestartKind,
+    /// The NVS scan (hard restart only).
+    pub scan: Option<ScanReport>,
     /// Tracks found dirty (records replayed).
     pub replayed_tracks: u64,
     /// Time from open to ready.
@@ -85,6 +105,7 @@ pub struct Controller {
     pub(crate) nvs: Nvs,
     pub(crate) cache: Cache,
     pub(crate) destage: DestageQueue,
+    pub(crate) journal: Arc<BoxJournal>,
     pub(crate) metrics: Metrics,
     pub(crate) export: ExportInfo,
     pub(crate) groups: Groups,
@@ -145,27 +166,51 @@ fn build_runtime(config: &Config) -> Result<(rcs::Runtime, Groups), OpenError> {
     ))
 }
 
-impl Controller {
-    /// Open (or create) the volume and NVS, replay the NVS, start the
-    /// runtime.
-    pub fn open(config: Config) -> Result<Arc<Self>, OpenError> {
-        let started = Instant::now();
-        config.validate()?;
-        let volume = Volume::open_or_create(
-            &config.data_dir,
-            config.volume_size,
-            config.devices,
-            config.direct_io,
-        )?;
-        let (nvs, scan) = Nvs::open_or_create(
-            &config.nvs_path(),
-            config.nvs_size,
-            volume.label().id,
-            volume.tracks(),
-        )?;
-        let cache = Cache::new((config.cache_size / TRACK_BYTES as u64) as usize);
-        let destage = DestageQueue::default();
-        let mut free = Vec::new();
+/// Bring back the dirty directory: from the recovery box (fast restart) if
+/// it is trusted and agrees with the NVS, otherwise by scanning the NVS
+/// (hard restart), which also rebuilds the box.
+#[allow(clippy::type_complexity)]
+fn recover_state(
+    config: &Config,
+    identity: VolumeIdentity,
+    nvs: &Nvs,
+    frames: usize,
+    destage: &DestageQueue,
+    fresh: bool,
+) -> Result<(Arc<BoxJournal>, Cache, RestartKind, Option<ScanReport>), OpenError> {
+    let box_path = config.box_path();
+    let reason = if fresh {
+        None
+    } else {
+        match BoxJournal::recover(&box_path, identity) {
+            Ok(rec) => match nvs.adopt(&BoxJournal::referenced(&rec.dirty), rec.next_seq) {
+                Ok(()) => {
+                    let journal = Arc::new(rec.journal);
+                    let cache =
+                        Cache::new(frames, Some(Arc::clone(&journal) as Arc<dyn DirtyJournal>));
+                    let mut dirty = rec.dirty;
+                    dirty.sort_by_key(|&(_, d, _)| d.seq);
+                    for (track, d, handle) in dirty {
+                        cache.adopt_dirty(track, d, handle);
+                        destage.push(track);
+                    }
+                    return Ok((journal, cache, RestartKind::Fast, None));
+                }
+                Err(e) => Some(
+                    crate::journal::FastRestartRefused::NvsDisagrees(e.to_string()).to_string(),
+                ),
+            },
+            Err(refused) => Some(refused.to_string()),
+        }
+    };
+    let scan = (!fresh).then(|| nvs.scan());
+    let journal = Arc::new(
+        BoxJournal::create(&box_path, identity, nvs.last_seq() + 1)
+            .map_err(OpenError::RecoveryBox)?,
+    );
+    let cache = Cache::new(frames, Some(Arc::clone(&journal) as Arc<dyn DirtyJournal>));
+    let mut free = Vec::new();
+    if let Some(scan) = &scan {
         let mut records = scan.records.clone();
         records.sort_by_key(|r| r.seq);
         for r in &records {
@@ -175,7 +220,46 @@ impl Controller {
                 destage.push(r.track);
             }
         }
-        nvs.free(&free);
+    }
+    nvs.free(&free);
+    let kind = match reason {
+        None => RestartKind::Fresh,
+        Some(reason) => {
+            tracing::warn!(%reason, "fast restart refused; hard restart from an NVS scan");
+            RestartKind::Hard { reason }
+        }
+    };
+    Ok((journal, cache, kind, scan))
+}
+
+impl Controller {
+    /// Open (or create) the volume and NVS, recover the dirty directory
+    /// (fast or hard restart), start the runtime.
+    pub fn open(config: Config) -> Result<Arc<Self>, OpenError> {
+        let started = Instant::now();
+        config.validate()?;
+        let volume = Volume::open_or_create(
+            &config.data_dir,
+            config.volume_size,
+            config.devices,
+            config.direct_io,
+        )?;
+        let (nvs, fresh) = Nvs::open_or_create(
+            &config.nvs_path(),
+            config.nvs_size,
+            volume.label().id,
+            volume.tracks(),
+        )?;
+        let identity = VolumeIdentity {
+            id: volume.label().id,
+            size_bytes: config.volume_size,
+            devices: config.devices,
+            nvs_slots: nvs.slot_count(),
+        };
+        let frames = (config.cache_size / TRACK_BYTES as u64) as usize;
+        let destage = DestageQueue::default();
+        let (journal, cache, kind, scan) =
+            recover_state(&config, identity, &nvs, frames, &destage, fresh)?;
         let replayed_tracks = cache.dirty_tracks();
         let (runtime, groups) = build_runtime(&config)?;
         let export = ExportInfo {
@@ -199,11 +283,13 @@ impl Controller {
             nvs,
             cache,
             destage,
+            journal,
             metrics: Metrics::default(),
             export,
             groups,
             stopping: AtomicBool::new(false),
             startup: StartupReport {
+                kind,
                 scan,
                 replayed_tracks,
                 elapsed: started.elapsed(),
@@ -270,6 +356,11 @@ impl Controller {
     /// Prometheus text.
     pub fn render_metrics(&self) -> String {
         self.metrics.render(&self.gauges())
+    }
+
+    /// The recovery box journal.
+    pub fn journal(&self) -> &Arc<BoxJournal> {
+        &self.journal
     }
 
     /// Tracks not yet destaged.

@@ -349,6 +349,7 @@ fn nvs_write(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failure
     let tracks = req.tracks();
     debug_assert_eq!(req.slots.len() as u64, tracks);
     let first_seq = ctl.nvs.next_seqs(tracks);
+    ctl.journal.cover_seq(first_seq + tracks);
     let first = req.first_track();
     req.slot_state = SlotState::Written;
     for (i, chunk) in req.payload.chunks(TRACK_BYTES).enumerate() {

@@ -14,7 +14,8 @@
 //! | [`nvs`] | NVS: self-describing, checksummed records in a mapped file |
 //! | [`destage`] | destage of dirty tracks, FLUSH and FUA |
 //! | [`device`], [`volume`] | backend devices and the volume's track striping |
-//! | [`controller`] | composition, start-up replay of the NVS, shutdown |
+//! | [`controller`] | composition, start-up (fast restart from the recovery box, or hard restart from an NVS scan), shutdown |
+//! | [`journal`] | what the recovery box holds: volume table, dirty directory, destage cursor |
 //! | [`server`] | the listener |
 //! | [`metrics`], [`http`] | counters, histograms, Prometheus endpoint |
 //! | [`config`], [`limits`] | configuration and every bound |
@@ -34,6 +35,7 @@ pub mod destage;
 #[allow(unsafe_code)]
 pub mod device;
 pub mod http;
+pub mod journal;
 pub mod limits;
 pub mod metrics;
 pub mod nbd;
@@ -44,5 +46,5 @@ pub mod timer;
 pub mod volume;
 
 pub use config::{Config, ConfigError, FlushPolicy, LatencyConfig, parse_size};
-pub use controller::{Controller, Groups, OpenError, StartupReport};
+pub use controller::{Controller, Groups, OpenError, RestartKind, StartupReport};
 pub use server::Server;

@@ -218,13 +218,15 @@ pub fn slots_for(size_bytes: u64) -> u32 {
 
 impl Nvs {
     /// Open the NVS at `path` for volume `volume_id` (of `tracks` tracks),
-    /// creating it with `size_bytes` when absent, and scan it.
+    /// creating it with `size_bytes` when absent. A new NVS is ready (every
+    /// slot free); an existing one must then be [scanned](Nvs::scan) (hard
+    /// restart) or [adopted](Nvs::adopt) (fast restart) before use.
     pub fn open_or_create(
         path: &Path,
         size_bytes: u64,
         volume_id: u64,
         tracks: u64,
-    ) -> Result<(Self, ScanReport), NvsError> {
+    ) -> Result<(Self, bool), NvsError> {
         let io = |source| NvsError::Io {
             path: path.to_owned(),
             source,
@@ -286,14 +288,11 @@ impl Nvs {
             next_seq: AtomicU64::new(1),
             closing: AtomicBool::new(false),
         };
-        let report = if fresh {
+        if fresh {
             // A new file holds no records: every slot is free.
             nvs.free.lock().slots = (0..slot_count).rev().collect();
-            ScanReport::default()
-        } else {
-            nvs.scan()
-        };
-        Ok((nvs, report))
+        }
+        Ok((nvs, fresh))
     }
 
     fn check_superblock(
@@ -365,9 +364,9 @@ impl Nvs {
         (seg, at)
     }
 
-    /// Validate every slot; free the invalid ones; rebuild the free list
-    /// and the sequence counter.
-    fn scan(&self) -> ScanReport {
+    /// Hard restart: validate every slot (header and data checksums); free
+    /// the invalid ones; rebuild the free list and the sequence counter.
+    pub fn scan(&self) -> ScanReport {
         let started = Instant::now();
         let mut report = ScanReport::default();
         let mut free = Vec::new();
@@ -399,6 +398,66 @@ impl Nvs {
         self.next_seq.store(max_seq + 1, Ordering::SeqCst);
         report.elapsed = started.elapsed();
         report
+    }
+
+    /// Fast restart: `referenced` are the records the recovery box says are
+    /// live. Their headers are checked (not their data: the box vouches for
+    /// them); every other slot is freed, so no stale record survives to be
+    /// replayed by a later scan. Sequence numbers continue from `next_seq`.
+    pub fn adopt(&self, referenced: &[ScannedRecord], next_seq: u64) -> Result<(), NvsError> {
+        let mut live = vec![false; self.slot_count as usize];
+        for r in referenced {
+            let (seg, at) = Self::locate(r.slot);
+            if r.slot >= self.slot_count || live[r.slot as usize] {
+                return Err(NvsError::Corrupt {
+                    slot: r.slot,
+                    reason: "referenced twice or out of range",
+                });
+            }
+            let map = self.segments[seg].lock();
+            match self.validate_header(&map[at..at + SLOT_HEADER_BYTES]) {
+                Some((seq, track)) if (seq, track) == (r.seq, r.track) && seq < next_seq => {}
+                _ => {
+                    return Err(NvsError::Corrupt {
+                        slot: r.slot,
+                        reason: "does not hold the record the recovery box names",
+                    });
+                }
+            }
+            live[r.slot as usize] = true;
+        }
+        let mut free = Vec::with_capacity(self.slot_count as usize - referenced.len());
+        for (s, segment) in self.segments.iter().enumerate() {
+            let mut map = segment.lock();
+            for i in 0..SEGMENT_SLOTS as usize {
+                let slot = s as u32 * SEGMENT_SLOTS + i as u32;
+                if live[slot as usize] {
+                    continue;
+                }
+                let magic = &mut map[i * SLOT_BYTES..i * SLOT_BYTES + 4];
+                if magic != [0; 4] {
+                    magic.copy_from_slice(&0u32.to_le_bytes());
+                }
+                free.push(slot);
+            }
+        }
+        free.reverse();
+        self.free.lock().slots = free;
+        self.next_seq.store(next_seq, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn validate_header(&self, header: &[u8]) -> Option<(u64, u64)> {
+        if le_u32(header, H_MAGIC) != SLOT_MAGIC || le_u32(header, H_CRC) != crc(&header[..H_CRC]) {
+            return None;
+        }
+        let kind = u16::from_le_bytes([header[H_KIND], header[H_KIND + 1]]);
+        let track = le_u64(header, H_TRACK);
+        (kind == KIND_DATA
+            && le_u32(header, H_DATA_BYTES) as usize == TRACK_BYTES
+            && track < self.tracks
+            && le_u64(header, H_VOLUME) == self.volume_id)
+            .then(|| (le_u64(header, H_SEQ), track))
     }
 
     fn validate(&self, rec: &[u8]) -> Option<(u64, u64)> {
@@ -574,7 +633,13 @@ mod tests {
     const SIZE: u64 = 2 << 20;
 
     fn open(dir: &Path) -> (Nvs, ScanReport) {
-        Nvs::open_or_create(&dir.join("nvs"), SIZE, 42, 1000).unwrap()
+        let (nvs, fresh) = Nvs::open_or_create(&dir.join("nvs"), SIZE, 42, 1000).unwrap();
+        let report = if fresh {
+            ScanReport::default()
+        } else {
+            nvs.scan()
+        };
+        (nvs, report)
     }
 
     #[test]
@@ -651,6 +716,38 @@ mod tests {
         std::fs::write(&path, &sb).unwrap();
         let e = Nvs::open_or_create(&path, SIZE, 42, 1000).unwrap_err();
         assert!(e.to_string().contains("checksum"), "{e}");
+    }
+
+    #[test]
+    fn adopting_keeps_the_named_records_and_frees_every_other_slot() {
+        let dir = tempfile::tempdir().unwrap();
+        let (nvs, _) = open(dir.path());
+        let slots = nvs.reserve(3, Duration::from_secs(1)).unwrap();
+        for (i, &s) in slots.iter().enumerate() {
+            nvs.write_record(s, 10 + i as u64, i as u64, &[1; TRACK_BYTES]);
+        }
+        drop(nvs);
+        let (nvs, fresh) = Nvs::open_or_create(&dir.path().join("nvs"), SIZE, 42, 1000).unwrap();
+        assert!(!fresh);
+        let keep = [ScannedRecord {
+            slot: slots[1],
+            seq: 11,
+            track: 1,
+        }];
+        // A wrong reference is refused.
+        let wrong = [ScannedRecord {
+            slot: slots[1],
+            seq: 12,
+            track: 1,
+        }];
+        assert!(nvs.adopt(&wrong, 100).is_err());
+        nvs.adopt(&keep, 100).unwrap();
+        assert_eq!(nvs.free_slots(), nvs.slot_count() - 1);
+        assert_eq!(nvs.next_seqs(1), 100);
+        drop(nvs);
+        // The unreferenced records are gone for a later hard restart too.
+        let (_, report) = open(dir.path());
+        assert_eq!(report.records, keep);
     }
 
     #[test]

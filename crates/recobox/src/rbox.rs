@@ -197,6 +197,19 @@ impl RecoveryBox {
         &self.path
     }
 
+    /// Mark the box untrusted on its medium (its magic is cleared), for a
+    /// client that can no longer keep it current: the next `open` reports
+    /// `NotABox` and the client takes its slow path, instead of trusting
+    /// stale state.
+    pub fn invalidate(&self) {
+        let _header = self.header.lock();
+        // SAFETY: the header is touched only under the header lock (held);
+        // no other slice of it is alive.
+        let head = unsafe { self.backing.slice_mut(0, HEADER_BYTES) };
+        put_u64(head, H_MAGIC, 0);
+        crate::layout::persist_order();
+    }
+
     /// Flush to the file (`msync`), for media that survive power loss.
     pub fn sync(&self) -> std::io::Result<()> {
         self.backing.flush()

@@ -230,3 +230,16 @@ fn threads_on_different_and_shared_types_keep_every_item() {
         assert_eq!(out, data);
     }
 }
+
+#[test]
+fn an_invalidated_box_is_not_trusted_on_open() {
+    let (dir, b) = fresh();
+    let t = b.init_type(TypeSpec::new(8, 4)).unwrap();
+    b.insert(t, &[1; 8], None).unwrap();
+    b.invalidate();
+    drop(b);
+    match RecoveryBox::open(&dir.path().join("box")) {
+        Err(OpenError::Untrusted(u)) => assert_eq!(u.reason, recobox::Reason::NotABox),
+        other => panic!("invalidated box opened: {other:?}"),
+    }
+}
