@@ -147,7 +147,10 @@ fn write_until_killed(
     next_version: &mut u64,
     seed: u64,
 ) -> u64 {
-    let r = Raw::go(addr);
+    // The kill may land before the handshake completes: nothing issued.
+    let Some(r) = Raw::try_go(addr) else {
+        return 0;
+    };
     let mut tx = r.s.try_clone().unwrap();
     let mut rx = r.s;
     let cookies: Arc<Mutex<InFlight>> = Arc::default();
