@@ -58,5 +58,6 @@ step "experiments, quick mode (smoke)"
 cargo run --release --quiet -- bench rcs --quick
 cargo run --release --quiet -- bench controller --quick
 cargo run --release --quiet -- bench box --quick
+cargo run --release --quiet -- bench loglock --quick
 
 step "all passed"

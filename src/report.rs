@@ -146,7 +146,8 @@ pub fn bar_chart_png(path: &Path, title: &str, panels: &[BarPanel]) -> anyhow::R
             .iter()
             .flat_map(|(_, v)| v.iter().copied())
             .fold(0.0f64, f64::max)
-            * 1.15;
+            // Headroom for the legend in the upper right.
+            * 1.35;
         let n_cat = panel.categories.len();
         let n_ser = panel.series.len().max(1);
         let mut chart = ChartBuilder::on(area)
@@ -168,6 +169,15 @@ pub fn bar_chart_png(path: &Path, title: &str, panels: &[BarPanel]) -> anyhow::R
                     String::new()
                 }
             })
+            .y_label_formatter(&|v| {
+                if *v >= 1000.0 {
+                    thousands(v.round())
+                } else if v.fract() == 0.0 {
+                    format!("{v:.0}")
+                } else {
+                    format!("{v:.1}")
+                }
+            })
             .y_desc(panel.y_label.as_str())
             .label_style(("sans-serif", 14))
             .draw()?;
@@ -186,6 +196,7 @@ pub fn bar_chart_png(path: &Path, title: &str, panels: &[BarPanel]) -> anyhow::R
         }
         chart
             .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
             .border_style(BLACK)
             .background_style(WHITE.mix(0.85))
             .label_font(("sans-serif", 14))

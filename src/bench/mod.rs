@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 
 mod controller;
+mod loglock;
 mod rcs;
 mod recobox;
 
@@ -21,6 +22,8 @@ pub struct BenchArgs {
 enum Which {
     /// Recovery-conscious scheduling, good path and bad path (paper §6.3), per policy.
     Rcs(rcs::RcsArgs),
+    /// Log(Lock): how often the restoration level meets the recovery criterion (paper Table 5).
+    Loglock(loglock::LoglockArgs),
     /// The recovery box: operation costs, open+validate, restart vs memcached -e.
     #[command(name = "box")]
     Box(recobox::BoxBenchArgs),
@@ -45,5 +48,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         Which::Rcs(a) => rcs::run(a),
         Which::Controller(a) => controller::run(a),
         Which::Box(a) => recobox::run(a),
+        Which::Loglock(a) => loglock::run(a),
     }
 }
