@@ -5,10 +5,12 @@
 
 use clap::{Parser, Subcommand};
 
+mod admin_cmd;
 mod bench;
 mod box_cmd;
 mod report;
 mod serve;
+mod supervise;
 
 /// rebound: a software storage controller that recovers from its own
 /// software faults at the smallest safe scope instead of rebooting.
@@ -26,6 +28,10 @@ enum Command {
     /// Inspect a recovery box (validation verdict, types, items).
     #[command(name = "box")]
     Box(box_cmd::BoxArgs),
+    /// Show a running server's groups, recoveries by rung and recent recoveries.
+    Status(admin_cmd::StatusArgs),
+    /// Inject a fault into a running server (through its admin socket).
+    Inject(admin_cmd::InjectArgs),
     /// Run an experiment or benchmark; prints a table, full runs also write a PNG plot.
     Bench(bench::BenchArgs),
 }
@@ -36,6 +42,8 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Serve(args) => serve::run(args),
         Command::Box(args) => box_cmd::run(args),
+        Command::Status(args) => admin_cmd::status(args),
+        Command::Inject(args) => admin_cmd::inject(args),
         Command::Bench(args) => bench::run(args),
     };
     match result {

@@ -53,6 +53,13 @@ pub struct ServeArgs {
     /// Serve Prometheus metrics at http://ADDR/metrics.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<SocketAddr>,
+    /// Admin socket for `rebound status` and `rebound inject` [default: <data dir>/admin.sock].
+    #[arg(long, value_name = "PATH.sock")]
+    admin: Option<PathBuf>,
+    /// Run the server as a child process and start it again whenever it
+    /// dies (a crash, kill -9): rung 5 (or 6) without an operator.
+    #[arg(long)]
+    supervise: bool,
     /// What FLUSH and FUA make durable: devices (destage + fdatasync) or nvs (msync) [default: devices].
     #[arg(long, value_name = "WHERE", value_parser = ["devices", "nvs"])]
     flush: Option<String>,
@@ -104,6 +111,9 @@ impl ServeArgs {
         if let Some(v) = self.metrics {
             c.metrics = Some(v);
         }
+        if let Some(v) = &self.admin {
+            c.admin = Some(v.clone());
+        }
         if let Some(v) = &self.flush {
             c.flush = if v == "nvs" {
                 FlushPolicy::Nvs
@@ -128,6 +138,9 @@ impl ServeArgs {
 /// Run the server until SIGINT or SIGTERM, then shut down cleanly.
 pub fn run(args: ServeArgs) -> anyhow::Result<std::process::ExitCode> {
     let config = args.config()?;
+    if args.supervise {
+        return crate::supervise::run(&config);
+    }
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(signal, Arc::clone(&stop))
@@ -143,6 +156,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<std::process::ExitCode> {
     };
     let server = Server::start(Arc::clone(&ctl))
         .with_context(|| format!("listening on {}", config.listen))?;
+    let admin = controller::admin::AdminServer::start(&config.admin_path(), &ctl)
+        .with_context(|| format!("admin socket {}", config.admin_path().display()))?;
     let startup = ctl.startup();
     let how = match &startup.kind {
         controller::RestartKind::Fresh => "new volume".to_owned(),
@@ -150,12 +165,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<std::process::ExitCode> {
         controller::RestartKind::Hard { reason } => format!("hard restart (NVS scan; {reason})"),
     };
     eprintln!(
-        "rebound: serving {} bytes on nbd://{}/ (data {}, NVS {}, box {}); {how}: {} dirty tracks in {:?}{}",
+        "rebound: serving {} bytes on nbd://{}/ (data {}, NVS {}, box {}, admin {}); {how}: {} dirty tracks in {:?}{}",
         config.volume_size,
         server.local_addr(),
         config.data_dir.display(),
         config.nvs_path().display(),
         config.box_path().display(),
+        admin.path().display(),
         startup.replayed_tracks,
         startup.elapsed,
         metrics
@@ -170,6 +186,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<std::process::ExitCode> {
         "rebound: shutting down: answering in-flight requests, destaging {} dirty tracks",
         ctl.dirty_tracks()
     );
+    drop(admin);
     server
         .shutdown()
         .context("destaging and syncing at shutdown")?;

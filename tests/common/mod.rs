@@ -21,6 +21,15 @@ pub struct Server {
     pub stderr_log: PathBuf,
 }
 
+/// A TCP port free right now on 127.0.0.1 (for servers that must come
+/// back on the same port).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("binding a probe socket")
+        .port()
+}
+
 /// Path of a client binary, or a panic telling how to get it.
 pub fn tool(name: &str) -> PathBuf {
     for dir in std::env::var("PATH").unwrap_or_default().split(':') {
@@ -42,10 +51,11 @@ impl Server {
             dir.path().file_name().unwrap().to_string_lossy()
         ));
         let rbox = nvs.with_extension("box");
-        let mut args: Vec<String> = vec![
-            "serve".into(),
-            "--listen".into(),
-            "127.0.0.1:0".into(),
+        let mut args: Vec<String> = vec!["serve".into()];
+        if !extra.contains(&"--listen") {
+            args.extend(["--listen".into(), "127.0.0.1:0".into()]);
+        }
+        args.extend([
             "--data-dir".into(),
             dir.path().join("data").to_string_lossy().into_owned(),
             "--nvs".into(),
@@ -54,7 +64,7 @@ impl Server {
             rbox.to_string_lossy().into_owned(),
             "--volume-size".into(),
             volume.into(),
-        ];
+        ]);
         // Small defaults keep start-up fast; a test's own flags win.
         for (flag, value) in [("--nvs-size", "96M"), ("--cache-size", "16M")] {
             if !extra.contains(&flag) {
@@ -113,6 +123,16 @@ impl Server {
             });
         self.addr = addr;
         self.child = Some(child);
+    }
+
+    /// The admin socket (the default under the data directory).
+    pub fn admin_path(&self) -> PathBuf {
+        self.dir.path().join("data").join("admin.sock")
+    }
+
+    /// Send a request to the admin socket: the answer, or the refusal.
+    pub fn admin(&self, request: &str) -> Result<String, String> {
+        controller::admin::request(&self.admin_path(), request)
     }
 
     /// `nbd://ADDR/` (the default export).

@@ -16,6 +16,7 @@
 //! policy = "dynamic"
 //! idle_spins = 1024                        # rcs worker spin before parking
 //! metrics = "127.0.0.1:9109"               # optional
+//! admin = "./rebound-data/admin.sock"      # default: <data_dir>/admin.sock
 //! flush = "devices"
 //! direct_io = false
 //! max_connections = 64
@@ -146,6 +147,9 @@ pub struct Config {
     pub idle_spins: u32,
     /// Prometheus endpoint (`http://ADDR/metrics`), if any.
     pub metrics: Option<SocketAddr>,
+    /// Admin socket for `rebound status` and `rebound inject` (default:
+    /// `<data_dir>/admin.sock`).
+    pub admin: Option<PathBuf>,
     /// What FLUSH and FUA make durable.
     pub flush: FlushPolicy,
     /// Open device files with `O_DIRECT`.
@@ -173,6 +177,7 @@ impl Default for Config {
             // parking saves a futex wake-up per request under load.
             idle_spins: 1024,
             metrics: None,
+            admin: None,
             flush: FlushPolicy::Devices,
             direct_io: false,
             max_connections: 64,
@@ -244,6 +249,13 @@ impl Config {
             .unwrap_or_else(|| shm_path(&self.data_dir, "box"))
     }
 
+    /// The admin socket path: configured, or `<data_dir>/admin.sock`.
+    pub fn admin_path(&self) -> PathBuf {
+        self.admin
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("admin.sock"))
+    }
+
     /// Tracks in the volume.
     pub fn volume_tracks(&self) -> u64 {
         self.volume_size / TRACK_BYTES as u64
@@ -279,6 +291,17 @@ impl Config {
         }
         if self.devices == 0 || self.devices > DEVICES_MAX {
             return Err(invalid("devices", format!("must be in 1..={DEVICES_MAX}")));
+        }
+        // sun_path holds 108 bytes with the terminating NUL.
+        let admin = self.admin_path();
+        if admin.as_os_str().len() > 107 {
+            return Err(invalid(
+                "admin",
+                format!(
+                    "{} is longer than the 107 bytes a Unix socket path may have",
+                    admin.display()
+                ),
+            ));
         }
         if u64::from(self.devices) > self.volume_tracks() {
             return Err(invalid(

@@ -28,6 +28,7 @@ use crate::limits::{MAX_PAYLOAD_BYTES, TRACK_BYTES};
 use crate::metrics::{Gauges, Metrics};
 use crate::nbd::handshake::ExportInfo;
 use crate::nvs::{Nvs, NvsError, ScanReport};
+use crate::recovery::{RecoveryLog, Rung};
 use crate::timer::Timer;
 use crate::volume::{Volume, VolumeError};
 
@@ -113,6 +114,8 @@ pub struct Controller {
     runtime: Mutex<Option<rcs::Runtime>>,
     pub(crate) timer: Timer,
     pub(crate) stopping: AtomicBool,
+    /// Every recovery the controller performed.
+    pub(crate) recoveries: RecoveryLog,
     startup: StartupReport,
 }
 
@@ -288,6 +291,7 @@ impl Controller {
             export,
             groups,
             stopping: AtomicBool::new(false),
+            recoveries: RecoveryLog::default(),
             startup: StartupReport {
                 kind,
                 scan,
@@ -300,6 +304,21 @@ impl Controller {
                 tracks = replayed_tracks,
                 "replayed dirty tracks from the NVS"
             );
+        }
+        match &ctl.startup.kind {
+            RestartKind::Fresh => {}
+            RestartKind::Fast => ctl.recoveries.record(
+                Rung::FastRestart,
+                format!("restart: {replayed_tracks} dirty tracks from the recovery box"),
+                ctl.startup.elapsed,
+                0,
+            ),
+            RestartKind::Hard { reason } => ctl.recoveries.record(
+                Rung::HardRestart,
+                format!("restart: recovery box refused ({reason}); NVS scanned"),
+                ctl.startup.elapsed,
+                0,
+            ),
         }
         crate::destage::start_tick(&ctl);
         crate::destage::kick(&ctl);
@@ -324,6 +343,11 @@ impl Controller {
     /// The metrics.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// The recovery log.
+    pub fn recoveries(&self) -> &RecoveryLog {
+        &self.recoveries
     }
 
     /// The task runtime.

@@ -8,10 +8,36 @@
 //! ```
 //!
 //! A request is owned by exactly one task at a time (`Box<Request>` moves
-//! from stage to stage). Its `Drop` is the request's clean-up block: a
-//! request dropped without a reply (a task that failed, a runtime shutting
-//! down) replies `EIO` and gives back its NVS slots, so a client is never
-//! left waiting and no slot leaks.
+//! from stage to stage). Its `Drop` is the request's clean-up block.
+//!
+//! # Rung 1: a failed stage's request is redriven
+//!
+//! Every stage has a named fault point at its entry (`host.receive`,
+//! `cache.read`, `device.read`, `nvs.write`, `cache.apply`, `device.fua`,
+//! `device.flush`, `device.zero`, `host.reply`; armed with `rebound
+//! inject`), and runs inside an rcs recovery point whose strategy is to end
+//! the task: a stage that fails (an error, a panic, an injected fault, or
+//! its task dropped unrun by a group recovery) drops its request without a
+//! reply. The clean-up block then decides, from where the request stands,
+//! whether running the stage again is safe:
+//!
+//! - failed before the stage body began (at the fault point, or dropped
+//!   unrun): the request's state is exactly the stage's input, redrive that
+//!   stage;
+//! - a READ: reads change nothing but the cache (installs are idempotent),
+//!   redrive from `cache.read` with the data recomputed;
+//! - a WRITE whose records are not yet in the cache directory
+//!   (slots reserved or written): redrive from `nvs.write`, which writes
+//!   fresh records into the same slots;
+//! - FLUSH and FUA: idempotent, redrive the stage;
+//! - anything else (a failure in the middle of `cache.apply`, TRIM or
+//!   WRITE_ZEROES): not provably safe, the request is answered `EIO` (the
+//!   next rungs own that case).
+//!
+//! Redrives are bounded ([`MAX_REDRIVES`]); past that, and when the runtime
+//! is shutting down, the request is answered `EIO` and its NVS slots given
+//! back, so a client is never left waiting and no slot leaks. Every redrive
+//! is logged as a rung-1 recovery.
 
 // Every stage has the `Stage` signature: requests move between tasks boxed,
 // so a stage that finishes the request still takes a `Box`.
@@ -20,7 +46,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use rcs::{Failure, Priority, TaskCtx};
+use rcs::fault::FaultPoint;
+use rcs::{Failure, Priority, RecoveryPoint, Strategy, TaskCtx};
 
 use crate::config::FlushPolicy;
 use crate::connection::Connection;
@@ -28,6 +55,10 @@ use crate::controller::Controller;
 use crate::limits::{MAX_PAYLOAD_BYTES, TRACK_BYTES};
 use crate::metrics::Op;
 use crate::nbd::proto::{NbdError, RequestHeader, cflags, cmd};
+use crate::recovery::Rung;
+
+/// Redrives of one request before it is answered `EIO`.
+pub const MAX_REDRIVES: u8 = 3;
 
 /// Where a write's NVS slots stand (for the clean-up on drop).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +84,36 @@ pub(crate) struct Request {
     /// An error decided before validation (payload over the limit).
     pub(crate) early_error: Option<(NbdError, &'static str)>,
     replied: bool,
+    /// The stage the request is in (or was handed to), for a redrive.
+    at: Option<StageRef>,
+    /// Whether that stage's body has begun.
+    in_body: bool,
+    /// Redrives so far.
+    redrives: u8,
+}
+
+/// A stage with its group and fault point.
+#[derive(Clone, Copy)]
+pub(crate) struct StageRef {
+    group: rcs::GroupId,
+    priority: Priority,
+    stage: Stage,
+    name: &'static str,
+    point: &'static FaultPoint,
+}
+
+/// A [`StageRef`] with its own static fault point named `$name`.
+macro_rules! stage {
+    ($group:expr, $priority:expr, $stage:expr, $name:literal) => {{
+        static POINT: FaultPoint = FaultPoint::new($name);
+        StageRef {
+            group: $group,
+            priority: $priority,
+            stage: $stage,
+            name: $name,
+            point: &POINT,
+        }
+    }};
 }
 
 impl std::fmt::Debug for Request {
@@ -77,6 +138,93 @@ impl Request {
             received: Instant::now(),
             early_error: None,
             replied: false,
+            at: None,
+            in_body: false,
+            redrives: 0,
+        }
+    }
+
+    /// Where a redrive of this failed request may start, if anywhere.
+    fn redrive_from(&self) -> Option<StageRef> {
+        let at = self.at?;
+        if self.redrives >= MAX_REDRIVES
+            || self.early_error.is_some()
+            || self
+                .ctl()
+                .stopping
+                .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            return None;
+        }
+        if !self.in_body {
+            return Some(at);
+        }
+        let g = self.ctl().groups;
+        match self.header.kind {
+            cmd::READ => Some(stage!(g.cache, Priority::High, cache_read, "cache.read")),
+            cmd::WRITE if self.slot_state != SlotState::Applied => {
+                Some(stage!(g.nvs, Priority::High, nvs_write, "nvs.write"))
+            }
+            cmd::WRITE if at.name == "device.fua" => Some(at),
+            cmd::FLUSH => Some(at),
+            _ => None,
+        }
+    }
+
+    /// The clean-up block's rung-1 recovery: hand the request's state to a
+    /// new task at `from`.
+    fn redrive(&mut self, from: StageRef) {
+        let ctl = Arc::clone(self.ctl());
+        let mut req = Box::new(Request {
+            conn: Arc::clone(&self.conn),
+            header: self.header,
+            payload: std::mem::take(&mut self.payload),
+            slots: std::mem::take(&mut self.slots),
+            slot_state: if self.slot_state == SlotState::Written {
+                // The records will be written again, with new sequence
+                // numbers, into the same slots.
+                SlotState::Reserved
+            } else {
+                self.slot_state
+            },
+            data: std::mem::take(&mut self.data),
+            misses: std::mem::take(&mut self.misses),
+            received: self.received,
+            early_error: None,
+            replied: false,
+            at: Some(from),
+            in_body: false,
+            redrives: self.redrives + 1,
+        });
+        if from.name == "cache.read" {
+            req.misses.clear();
+        }
+        tracing::info!(
+            cookie = self.header.cookie,
+            failed_in = self.at.map_or("?", |a| a.name),
+            redrive_from = from.name,
+            attempt = req.redrives,
+            "rung 1: redriving a request whose stage failed"
+        );
+        ctl.recoveries.record(
+            Rung::Task,
+            format!(
+                "stage {} failed; request redriven from {}",
+                self.at.map_or("?", |a| a.name),
+                from.name
+            ),
+            std::time::Duration::ZERO,
+            1,
+        );
+        let submitted = ctl
+            .rt
+            .submit_named(from.group, from.priority, from.name, move |ctx| {
+                run_stage(ctx, req, from)
+            });
+        if let Err(e) = submitted {
+            // The runtime refused (shutting down): the task, and the request
+            // in it, was dropped and its clean-up block has answered.
+            tracing::warn!(error = %e, "redrive refused by the task runtime");
         }
     }
 
@@ -141,6 +289,12 @@ impl Drop for Request {
             return;
         }
         // The clean-up block of a request whose task did not finish.
+        if let Some(from) = self.redrive_from() {
+            // The new request carries the connection's in-flight count on.
+            self.redrive(from);
+            self.replied = true;
+            return;
+        }
         self.replied = true;
         self.give_back_slots();
         tracing::warn!(
@@ -164,16 +318,31 @@ impl Drop for Request {
 
 type Stage = fn(&mut TaskCtx<'_>, Box<Request>) -> Result<(), Failure>;
 
-/// Hand `req` to `stage` as a task of `group`.
-fn next(
-    ctx: &mut TaskCtx<'_>,
-    group: rcs::GroupId,
-    priority: Priority,
-    req: Box<Request>,
-    stage: Stage,
-) {
-    let kind = std::any::type_name_of_val(&stage);
-    let result = ctx.submit_named(group, priority, kind, move |ctx| stage(ctx, req));
+/// The recovery point every stage runs in: a failure ends the task (no
+/// group recovery); the request's clean-up block does the rest.
+static STAGE_POINT: RecoveryPoint = RecoveryPoint::new("stage", Strategy::Abort);
+
+/// Run a stage inside [`STAGE_POINT`]: its fault point, then its body.
+fn run_stage(ctx: &mut TaskCtx<'_>, req: Box<Request>, at: StageRef) -> Result<(), Failure> {
+    let mut req = Some(req);
+    ctx.recovery_point(&STAGE_POINT, |ctx| {
+        let Some(mut req) = req.take() else {
+            return Ok(());
+        };
+        req.at = Some(at);
+        req.in_body = false;
+        at.point.check()?;
+        req.in_body = true;
+        (at.stage)(ctx, req)
+    })
+    .map(|_| ())
+}
+
+/// Hand `req` to the stage `at` as a task of its group.
+fn next(ctx: &mut TaskCtx<'_>, req: Box<Request>, at: StageRef) {
+    let result = ctx.submit_named(at.group, at.priority, at.name, move |ctx| {
+        run_stage(ctx, req, at)
+    });
     if let Err(e) = result {
         // The task (and the request in it) was dropped: its clean-up block
         // has replied. Nothing more to do here.
@@ -186,12 +355,12 @@ fn next(
 /// clean-up block answers the client.
 pub(crate) fn submit(req: Box<Request>) {
     let ctl = Arc::clone(req.ctl());
-    let submitted = ctl.rt.submit_named(
-        ctl.groups.host,
-        Priority::High,
-        "host.receive",
-        move |ctx| receive(ctx, req),
-    );
+    let at = stage!(ctl.groups.host, Priority::High, receive, "host.receive");
+    let submitted = ctl
+        .rt
+        .submit_named(at.group, at.priority, at.name, move |ctx| {
+            run_stage(ctx, req, at)
+        });
     if let Err(e) = submitted {
         tracing::warn!(error = %e, "request refused by the task runtime");
     }
@@ -215,10 +384,26 @@ fn receive(ctx: &mut TaskCtx<'_>, req: Box<Request>) -> Result<(), Failure> {
         return Ok(());
     }
     match h.kind {
-        cmd::READ => next(ctx, g.cache, Priority::High, req, cache_read),
-        cmd::WRITE => next(ctx, g.nvs, Priority::High, req, nvs_write),
-        cmd::FLUSH => next(ctx, g.device, Priority::Medium, req, flush),
-        cmd::TRIM | cmd::WRITE_ZEROES => next(ctx, g.device, Priority::Medium, req, zero),
+        cmd::READ => next(
+            ctx,
+            req,
+            stage!(g.cache, Priority::High, cache_read, "cache.read"),
+        ),
+        cmd::WRITE => next(
+            ctx,
+            req,
+            stage!(g.nvs, Priority::High, nvs_write, "nvs.write"),
+        ),
+        cmd::FLUSH => next(
+            ctx,
+            req,
+            stage!(g.device, Priority::Medium, flush, "device.flush"),
+        ),
+        cmd::TRIM | cmd::WRITE_ZEROES => next(
+            ctx,
+            req,
+            stage!(g.device, Priority::Medium, zero, "device.zero"),
+        ),
         _ => unreachable!("validate refuses other commands"),
     }
     Ok(())
@@ -291,10 +476,23 @@ fn cache_read(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failur
         }
     }
     if misses.is_empty() {
-        next(ctx, ctl.groups.host, Priority::High, req, reply_ok);
+        next(
+            ctx,
+            req,
+            stage!(ctl.groups.host, Priority::High, reply_ok, "host.reply"),
+        );
     } else {
         req.misses = misses;
-        next(ctx, ctl.groups.device, Priority::High, req, device_stage);
+        next(
+            ctx,
+            req,
+            stage!(
+                ctl.groups.device,
+                Priority::High,
+                device_stage,
+                "device.read"
+            ),
+        );
     }
     Ok(())
 }
@@ -317,28 +515,33 @@ fn device_stage(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Fail
         ctl.cache.install_staged(track, chunk, epoch);
         modelled += ctl.config.device_latency.service_time(TRACK_BYTES);
     }
-    continue_after(ctx, &ctl, modelled, req, reply_ok);
+    continue_after(
+        ctx,
+        &ctl,
+        modelled,
+        req,
+        stage!(ctl.groups.host, Priority::High, reply_ok, "host.reply"),
+    );
     Ok(())
 }
 
-/// Continue with `stage` in the host group now, or when a modelled device
-/// service time has passed (without holding the worker).
+/// Continue with `at` now, or when a modelled device service time has
+/// passed (without holding the worker).
 fn continue_after(
     ctx: &mut TaskCtx<'_>,
     ctl: &Arc<Controller>,
     modelled: std::time::Duration,
     req: Box<Request>,
-    stage: Stage,
+    at: StageRef,
 ) {
     if modelled.is_zero() {
-        next(ctx, ctl.groups.host, Priority::High, req, stage);
+        next(ctx, req, at);
         return;
     }
     let handle = ctx.handle();
-    let host = ctl.groups.host;
     ctl.timer.after(modelled, move || {
-        let _ = handle.submit_named(host, Priority::High, "host.reply", move |ctx| {
-            stage(ctx, req)
+        let _ = handle.submit_named(at.group, at.priority, at.name, move |ctx| {
+            run_stage(ctx, req, at)
         });
     });
 }
@@ -357,7 +560,11 @@ fn nvs_write(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failure
             .write_record(req.slots[i], first_seq + i as u64, first + i as u64, chunk);
     }
     req.misses = vec![(0, first_seq)];
-    next(ctx, ctl.groups.cache, Priority::High, req, cache_apply);
+    next(
+        ctx,
+        req,
+        stage!(ctl.groups.cache, Priority::High, cache_apply, "cache.apply"),
+    );
     Ok(())
 }
 
@@ -383,10 +590,18 @@ fn cache_apply(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failu
     ctl.nvs.free(&free);
     crate::destage::kick(&ctl);
     if req.header.flags & cflags::FUA != 0 {
-        next(ctx, ctl.groups.device, Priority::High, req, fua);
+        next(
+            ctx,
+            req,
+            stage!(ctl.groups.device, Priority::High, fua, "device.fua"),
+        );
     } else {
         req.payload = Vec::new();
-        next(ctx, ctl.groups.host, Priority::High, req, reply_ok);
+        next(
+            ctx,
+            req,
+            stage!(ctl.groups.host, Priority::High, reply_ok, "host.reply"),
+        );
     }
     Ok(())
 }

@@ -8,6 +8,7 @@
 //!
 //! | module | component |
 //! |---|---|
+//! | [`admin`] | the admin socket: `rebound status`, `rebound inject` |
 //! | [`nbd`], [`connection`] | host adapter: handshake, request framing, batched replies |
 //! | [`datapath`] | the I/O path as tasks, stage by stage |
 //! | [`cache`] | cache directory, CLOCK read cache, control-block check words |
@@ -16,6 +17,7 @@
 //! | [`device`], [`volume`] | backend devices and the volume's track striping |
 //! | [`controller`] | composition, start-up (fast restart from the recovery box, or hard restart from an NVS scan), shutdown |
 //! | [`journal`] | what the recovery box holds: volume table, dirty directory, destage cursor |
+//! | [`recovery`] | the recovery log: every recovery, its rung, cause and duration |
 //! | [`server`] | the listener |
 //! | [`metrics`], [`http`] | counters, histograms, Prometheus endpoint |
 //! | [`config`], [`limits`] | configuration and every bound |
@@ -26,6 +28,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod admin;
 pub mod cache;
 pub mod config;
 pub mod connection;
@@ -41,6 +44,7 @@ pub mod metrics;
 pub mod nbd;
 #[allow(unsafe_code)]
 pub mod nvs;
+pub mod recovery;
 pub mod server;
 pub mod timer;
 pub mod volume;

@@ -1,0 +1,135 @@
+//! `rebound status` and `rebound inject`: talk to a running server through
+//! its admin socket (protocol in `controller::admin`).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, ValueEnum};
+
+/// Where the admin socket is.
+#[derive(Debug, Clone, Args)]
+pub struct AdminAddr {
+    /// The server's admin socket [default: <data dir>/admin.sock].
+    #[arg(long, value_name = "PATH.sock")]
+    admin: Option<PathBuf>,
+    /// The server's data directory, to find its default admin socket.
+    #[arg(long, value_name = "DIR", default_value = "./rebound-data")]
+    data_dir: PathBuf,
+}
+
+impl AdminAddr {
+    fn path(&self) -> PathBuf {
+        self.admin
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("admin.sock"))
+    }
+}
+
+/// Options of `rebound status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    addr: AdminAddr,
+}
+
+/// The faults `rebound inject` can trigger (names as on the command line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[allow(clippy::enum_variant_names, reason = "group-fault is the fault's name")]
+pub enum Fault {
+    /// A panic at a data-path fault point (rung 1: the request is redriven).
+    Panic,
+    /// A failure (state error) at a fault point (rung 1).
+    Fail,
+    /// A stall at a fault point (a task past its deadline).
+    Delay,
+    /// Faults per dispatch of a recovery group, each recovery taking
+    /// --duration (rung 2; the scheduling paper's emulation).
+    GroupFault,
+    /// Abort the server process (rung 5 at the next start).
+    Crash,
+    /// Invalidate the recovery box, then abort (rung 6 at the next start).
+    CrashDamagedBox,
+    /// Disarm every fault.
+    Clear,
+}
+
+/// Options of `rebound inject`.
+#[derive(Debug, Args)]
+pub struct InjectArgs {
+    #[command(flatten)]
+    addr: AdminAddr,
+    /// What to inject.
+    #[arg(value_enum)]
+    fault: Fault,
+    /// Fault point (panic, fail, delay): host.receive, cache.read,
+    /// device.read, nvs.write, cache.apply, device.fua, device.flush,
+    /// device.zero, host.reply.
+    #[arg(long, value_name = "POINT")]
+    point: Option<String>,
+    /// Recovery group (group-fault): host, cache, nvs, device, destage, background.
+    #[arg(long, value_name = "G")]
+    group: Option<String>,
+    /// Probability per evaluation or dispatch [default: 1 at a point, 1e-4 for a group].
+    #[arg(long, value_name = "P")]
+    rate: Option<f64>,
+    /// Delay, or each group recovery's time, e.g. 20ms.
+    #[arg(long, value_name = "D")]
+    duration: Option<String>,
+    /// Times a point fires before disarming, or "unlimited" [default: 1].
+    #[arg(long, value_name = "N")]
+    count: Option<String>,
+}
+
+impl InjectArgs {
+    /// The request line for the admin socket.
+    fn request(&self) -> anyhow::Result<String> {
+        let mut line = String::from("inject ");
+        let needs = |what: &Option<String>, flag: &str| -> anyhow::Result<String> {
+            what.clone()
+                .ok_or_else(|| anyhow::anyhow!("{:?} needs {flag}", self.fault))
+        };
+        match self.fault {
+            Fault::Panic | Fault::Fail | Fault::Delay => {
+                let name = match self.fault {
+                    Fault::Panic => "panic",
+                    Fault::Fail => "fail",
+                    _ => "delay",
+                };
+                line += &format!("{name} {}", needs(&self.point, "--point POINT")?);
+            }
+            Fault::GroupFault => {
+                line += &format!("group-fault {}", needs(&self.group, "--group G")?);
+            }
+            Fault::Crash => line += "crash",
+            Fault::CrashDamagedBox => line += "crash-damaged-box",
+            Fault::Clear => line += "clear",
+        }
+        if let Some(r) = self.rate {
+            line += &format!(" rate={r}");
+        }
+        if let Some(d) = &self.duration {
+            line += &format!(" duration={d}");
+        }
+        if let Some(c) = &self.count {
+            line += &format!(" count={c}");
+        }
+        Ok(line)
+    }
+}
+
+/// `rebound status`.
+pub fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
+    let answer =
+        controller::admin::request(&args.addr.path(), "status").map_err(anyhow::Error::msg)?;
+    print!("{answer}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `rebound inject`.
+pub fn inject(args: InjectArgs) -> anyhow::Result<ExitCode> {
+    let line = args.request()?;
+    let answer =
+        controller::admin::request(&args.addr.path(), &line).map_err(anyhow::Error::msg)?;
+    print!("{answer}");
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,331 @@
+//! The recovery ladder on the real server: faults injected through the
+//! admin socket (`rebound inject`) are recovered at rung 1 (a failed stage's
+//! request redriven) and rung 2 (group recovery) with no error reaching the
+//! client; crashes are recovered at rung 5 (fast restart) or rung 6 (hard
+//! restart, damaged box) by `--supervise`; qemu's NBD client rides through
+//! kills with its reconnect-delay option. Every test verifies the data.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{Server, free_port, tool};
+
+/// Run qemu-io commands against `uri`; panics with the output on any
+/// failure message.
+fn qemu_io(target: &[&str], commands: &[String]) -> String {
+    let mut cmd = Command::new(tool("qemu-io"));
+    cmd.args(target);
+    for c in commands {
+        cmd.args(["-c", c]);
+    }
+    let out = cmd.output().expect("running qemu-io");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "qemu-io failed: {text}");
+    assert!(
+        !text.contains("failed") && !text.contains("error"),
+        "qemu-io reported an error: {text}"
+    );
+    text
+}
+
+fn rung_count(status: &str, rung: &str) -> u64 {
+    status
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some(rung))
+        .and_then(|l| l.split_whitespace().nth(2))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count for rung {rung} in status:\n{status}"))
+}
+
+#[test]
+fn a_failure_at_every_stage_is_recovered_at_rung_1_with_no_client_error() {
+    let server = Server::start("64M", &["--cache-size", "1M"]);
+    let uri = server.uri();
+    let target = ["-f", "raw", uri.as_str()];
+    // Data on the devices (destaged at FLUSH), so later reads miss the small
+    // cache and go through device.read.
+    qemu_io(&target, &["write -P 0x11 0 8M".into(), "flush".into()]);
+    // Each point, armed to fail twice in a row (under the redrive bound of
+    // three), then an operation that passes through it.
+    let cases: [(&str, &str, &[&str]); 9] = [
+        ("panic", "host.receive", &["read -P 0x11 0 64k"]),
+        ("panic", "cache.read", &["read -P 0x11 64k 64k"]),
+        ("fail", "device.read", &["read -P 0x11 7M 1M"]),
+        (
+            "panic",
+            "nvs.write",
+            &["write -P 0x22 1M 256k", "read -P 0x22 1M 256k"],
+        ),
+        (
+            "fail",
+            "cache.apply",
+            &["write -P 0x33 2M 64k", "read -P 0x33 2M 64k"],
+        ),
+        (
+            "panic",
+            "device.fua",
+            &["write -f -P 0x44 3M 64k", "read -P 0x44 3M 64k"],
+        ),
+        (
+            "fail",
+            "device.flush",
+            &["write -P 0x45 3M 4k", "flush", "read -P 0x45 3M 4k"],
+        ),
+        (
+            "panic",
+            "device.zero",
+            &["write -z 4M 64k", "read -P 0 4M 64k"],
+        ),
+        ("fail", "host.reply", &["read -P 0x11 6M 64k"]),
+    ];
+    let mut armed = 0;
+    for (kind, point, ops) in cases {
+        let answer = server
+            .admin(&format!("inject {kind} {point} count=2"))
+            .unwrap();
+        assert!(answer.contains("armed"), "{answer}");
+        armed += 2;
+        let ops: Vec<String> = ops.iter().map(|s| (*s).to_owned()).collect();
+        qemu_io(&target, &ops);
+        let status = server.admin("status").unwrap();
+        assert_eq!(
+            rung_count(&status, "task"),
+            armed,
+            "both failures at {point} were recovered at rung 1:\n{status}"
+        );
+    }
+    assert!(!server.log().contains("answering EIO"), "no request failed");
+}
+
+#[test]
+fn more_consecutive_failures_than_the_redrive_bound_fail_the_request_and_lose_nothing() {
+    let server = Server::start("16M", &[]);
+    let uri = server.uri();
+    let target = ["-f", "raw", uri.as_str()];
+    qemu_io(&target, &["write -P 0x55 0 64k".into()]);
+    server.admin("inject panic nvs.write count=4").unwrap();
+    let out = Command::new(tool("qemu-io"))
+        .args(target)
+        .args(["-c", "write -P 0x66 0 64k"])
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("Input/output error"),
+        "the fourth failure is not redriven: {text}"
+    );
+    // The failed write changed nothing; the old data is intact.
+    qemu_io(&target, &["read -P 0x55 0 64k".into()]);
+}
+
+#[test]
+fn injected_group_faults_are_recovered_at_rung_2_while_io_continues() {
+    let server = Server::start("64M", &["--cache-size", "2M"]);
+    let uri = server.uri();
+    let answer = server
+        .admin("inject group-fault cache rate=0.02 duration=2ms")
+        .unwrap();
+    assert!(answer.contains("group cache"), "{answer}");
+    let target = ["-f", "raw", uri.as_str()];
+    let mut commands = Vec::new();
+    for i in 0..64u64 {
+        commands.push(format!("write -P {} {}k 64k", i % 250 + 1, i * 64));
+    }
+    for i in 0..64u64 {
+        commands.push(format!("read -P {} {}k 64k", i % 250 + 1, i * 64));
+    }
+    for _ in 0..3 {
+        qemu_io(&target, &commands);
+    }
+    let status = server.admin("status").unwrap();
+    assert!(
+        rung_count(&status, "group") > 0,
+        "group recoveries ran:\n{status}"
+    );
+    assert!(status.contains("rung 2 group cache"), "{status}");
+    server.admin("inject clear").unwrap();
+}
+
+#[test]
+fn the_admin_socket_refuses_bad_requests_and_keeps_serving() {
+    let server = Server::start("16M", &[]);
+    for (request, why) in [
+        ("", "empty"),
+        ("launch missiles", "unknown request"),
+        ("inject", "inject what"),
+        ("inject panic", "unknown fault"),
+        ("inject panic nowhere", "unknown fault point"),
+        ("inject panic cache.read rate=2", "probability"),
+        ("inject panic cache.read rate=x", "not a number"),
+        ("inject panic cache.read count=0", "positive integer"),
+        ("inject panic cache.read speed=1", "unknown option"),
+        ("inject panic cache.read rate", "key=value"),
+        ("inject delay cache.read", "duration=D is required"),
+        ("inject delay cache.read duration=5parsecs", "unknown unit"),
+        ("inject group-fault nosuch", "unknown group"),
+    ] {
+        let err = server.admin(request).expect_err(request);
+        assert!(err.contains(why), "{request:?}: {err}");
+    }
+    // A request longer than the limit, and one without a newline.
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(server.admin_path()).unwrap();
+    // The server stops reading past the limit: the rest may be refused.
+    let _ = s.write_all(&vec![b'x'; 4096]);
+    let _ = s.write_all(b"\n");
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    assert!(
+        answer.starts_with("error:") && answer.contains("one line"),
+        "{answer}"
+    );
+    drop(s);
+    let mut s = std::os::unix::net::UnixStream::connect(server.admin_path()).unwrap();
+    s.write_all(b"status").unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("error:"), "{answer}");
+    assert!(server.admin("status").unwrap().contains("groups:"));
+    let uri = server.uri();
+    qemu_io(
+        &["-f", "raw", uri.as_str()],
+        &["write -P 7 0 4k".into(), "read -P 7 0 4k".into()],
+    );
+}
+
+#[test]
+fn a_second_server_cannot_take_a_live_admin_socket() {
+    let server = Server::start("16M", &[]);
+    let admin = server.admin_path();
+    let out = Command::new(env!("CARGO_BIN_EXE_rebound"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(server.dir.path().join("other"))
+        .arg("--admin")
+        .arg(&admin)
+        .args([
+            "--volume-size",
+            "16M",
+            "--nvs-size",
+            "96M",
+            "--cache-size",
+            "4M",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("admin socket of a running server"), "{err}");
+    assert!(
+        server.admin("status").is_ok(),
+        "the first server's socket is untouched"
+    );
+}
+
+/// Wait until the admin socket answers (a restarted server is up).
+fn wait_status(server: &Server, want: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(s) = server.admin("status")
+            && want(&s)
+        {
+            return s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "server did not come back:\n{}",
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn supervise_restarts_a_crashed_server_fast_and_a_damaged_box_hard_losing_nothing() {
+    let port = free_port().to_string();
+    let listen = format!("127.0.0.1:{port}");
+    let server = Server::start("32M", &["--supervise", "--listen", &listen]);
+    let uri = server.uri();
+    let target = ["-f", "raw", uri.as_str()];
+    qemu_io(&target, &["write -P 0x5a 0 2M".into()]);
+    server.admin("inject crash").unwrap();
+    let status = wait_status(&server, |s| s.contains("fast restart (rung 5)"));
+    assert_eq!(rung_count(&status, "fast-restart"), 1, "{status}");
+    qemu_io(
+        &target,
+        &["read -P 0x5a 0 2M".into(), "write -P 0x5b 2M 1M".into()],
+    );
+    server.admin("inject crash-damaged-box").unwrap();
+    let status = wait_status(&server, |s| s.contains("hard restart (rung 6"));
+    assert_eq!(rung_count(&status, "hard-restart"), 1, "{status}");
+    qemu_io(
+        &target,
+        &["read -P 0x5a 0 2M".into(), "read -P 0x5b 2M 1M".into()],
+    );
+    let log = server.log();
+    assert_eq!(log.matches("restarting").count(), 2, "{log}");
+}
+
+#[test]
+fn qemu_io_with_reconnect_delay_rides_through_server_kills_without_an_error() {
+    let port = free_port().to_string();
+    let listen = format!("127.0.0.1:{port}");
+    let mut server = Server::start("64M", &["--listen", &listen]);
+    let opts = format!(
+        "driver=nbd,server.type=inet,server.host=127.0.0.1,server.port={port},reconnect-delay=30"
+    );
+    let mut commands = Vec::new();
+    for round in 0..6u64 {
+        for i in 0..200u64 {
+            let pattern = (round * 200 + i) % 251 + 1;
+            commands.push(format!("write -P {pattern} {}k 64k", (i % 100) * 64));
+        }
+    }
+    // The final pattern of each 64 KiB block: the last round wrote it.
+    let mut verify = Vec::new();
+    for i in 100..200u64 {
+        let pattern = (5 * 200 + i) % 251 + 1;
+        verify.push(format!("read -P {pattern} {}k 64k", (i % 100) * 64));
+    }
+    commands.extend(verify);
+    let client = std::thread::spawn(move || {
+        let mut cmd = Command::new(tool("qemu-io"));
+        cmd.args(["--image-opts", &opts]);
+        for c in &commands {
+            cmd.args(["-c", c]);
+        }
+        cmd.output().expect("running qemu-io")
+    });
+    let mut kills = 0;
+    std::thread::sleep(Duration::from_millis(300));
+    while !client.is_finished() && kills < 3 {
+        server.kill9();
+        kills += 1;
+        std::thread::sleep(Duration::from_millis(200));
+        server.restart();
+        std::thread::sleep(Duration::from_millis(400));
+    }
+    let out = client.join().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(
+        !text.contains("failed") && !text.contains("error"),
+        "{text}"
+    );
+    assert!(
+        kills >= 1,
+        "qemu-io finished before the first kill; make the run longer"
+    );
+    eprintln!("qemu-io rode through {kills} kills");
+}
