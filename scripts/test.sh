@@ -59,5 +59,6 @@ cargo run --release --quiet -- bench rcs --quick
 cargo run --release --quiet -- bench controller --quick
 cargo run --release --quiet -- bench box --quick
 cargo run --release --quiet -- bench loglock --quick
+cargo run --release --quiet -- bench availability --quick
 
 step "all passed"

@@ -221,3 +221,67 @@ pub fn progress(total: u64, what: &str) -> indicatif::ProgressBar {
     bar.set_prefix(what.to_owned());
     bar
 }
+
+/// Draw line series `(name, [(x, y)])` into a PNG with one panel.
+pub fn line_chart_png(
+    path: &Path,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+) -> anyhow::Result<()> {
+    register_font()?;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let root = BitMapBackend::new(path, (1000, 560)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let points = || series.iter().flat_map(|(_, v)| v.iter().copied());
+    let x_min = points().map(|p| p.0).fold(f64::INFINITY, f64::min);
+    let x_max = points().map(|p| p.0).fold(f64::NEG_INFINITY, f64::max);
+    let y_max = points().map(|p| p.1).fold(0.0f64, f64::max) * 1.3;
+    let (x_min, x_max) = if x_min.is_finite() && x_max > x_min {
+        (x_min, x_max)
+    } else {
+        (0.0, 1.0)
+    };
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 22))
+        .margin(14)
+        .x_label_area_size(45)
+        .y_label_area_size(80)
+        .build_cartesian_2d(x_min..x_max, 0f64..y_max.max(1e-9))?;
+    chart
+        .configure_mesh()
+        .x_desc(x_label)
+        .y_desc(y_label)
+        .y_label_formatter(&|v| thousands(v.round()))
+        .label_style(("sans-serif", 14))
+        .draw()?;
+    let palette = [
+        RGBColor(54, 110, 180),
+        RGBColor(214, 96, 77),
+        RGBColor(90, 160, 90),
+        RGBColor(150, 110, 190),
+        RGBColor(200, 150, 40),
+    ];
+    for (i, (name, pts)) in series.iter().enumerate() {
+        let color = palette[i % palette.len()];
+        chart
+            .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))?
+            .label(name.as_str())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+            });
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.85))
+        .label_font(("sans-serif", 14))
+        .draw()?;
+    root.present()
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 
+mod availability;
 mod controller;
 mod loglock;
 mod rcs;
@@ -20,6 +21,8 @@ pub struct BenchArgs {
 
 #[derive(Debug, Subcommand)]
 enum Which {
+    /// Throughput per 100 ms around a fault at each rung (fio load).
+    Availability(availability::AvailabilityArgs),
     /// Recovery-conscious scheduling, good path and bad path (paper §6.3), per policy.
     Rcs(rcs::RcsArgs),
     /// Log(Lock): how often the restoration level meets the recovery criterion (paper Table 5).
@@ -46,6 +49,7 @@ pub struct CommonArgs {
 pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     match args.which {
         Which::Rcs(a) => rcs::run(a),
+        Which::Availability(a) => availability::run(a),
         Which::Controller(a) => controller::run(a),
         Which::Box(a) => recobox::run(a),
         Which::Loglock(a) => loglock::run(a),

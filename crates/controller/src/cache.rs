@@ -94,6 +94,8 @@ struct Frame {
     track: u64,
     referenced: bool,
     lrc: u32,
+    /// The track's bytes; empty until the frame is first used, so a large
+    /// cache costs nothing at start-up (a restart is on the recovery path).
     data: Box<[u8]>,
 }
 
@@ -155,6 +157,9 @@ impl Shard {
         frame.track = track;
         frame.referenced = true;
         frame.lrc = lrc(track, f);
+        if frame.data.is_empty() {
+            frame.data = vec![0u8; TRACK_BYTES].into_boxed_slice();
+        }
         frame.data.copy_from_slice(data);
         self.map.entry(track).or_insert_with(Entry::new).frame = f;
         f
@@ -256,7 +261,7 @@ impl Cache {
                             track: EMPTY_TRACK,
                             referenced: false,
                             lrc: 0,
-                            data: vec![0u8; TRACK_BYTES].into_boxed_slice(),
+                            data: Box::default(),
                         })
                         .collect(),
                     free: (0..per_shard as u32).rev().collect(),

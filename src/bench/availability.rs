@@ -1,0 +1,479 @@
+//! `rebound bench availability`: throughput per 100 ms around a fault, for
+//! each rung the controller has, with fio's nbd engine as the load (the
+//! paper's Figures 10 and 11: micro-recovery cost a 35% dip lasting 6 s;
+//! system-level recovery 4 s of downtime plus 2 s to regain throughput).
+//!
+//! Cases, each on a fresh server process with the same load (fio randrw
+//! 75% reads, 4 KiB, queue depth 16):
+//!
+//! - rung 1: a panic in 1 of 1,000 `cache.read` stages for the fault
+//!   window; each failed request is redriven.
+//! - rung 2: the scheduling paper's emulation in the cache group, 1 fault
+//!   per 10,000 dispatches, each recovery taking 20 ms, for the window.
+//! - rung 5: kill -9 mid-load, then `rebound serve` again (fast restart
+//!   from the recovery box).
+//! - rung 6: kill -9 mid-load, the recovery box deleted, then `rebound
+//!   serve` again (hard restart: NVS scan).
+//!
+//! fio's nbd engine does not reconnect, so for the kill cases the load is
+//! one fio run up to the kill and a new one after the restart; "restart"
+//! is from the kill to the new server's start-up banner (it is accepting
+//! and has replayed everything), and the plot's gap also holds fio's own
+//! start-up. Rung 4 (in-process system recovery) is not implemented yet
+//! and is listed as such.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+
+use super::CommonArgs;
+use crate::report::{Table, line_chart_png, thousands};
+
+/// Options of `rebound bench availability`.
+#[derive(Debug, Args)]
+pub struct AvailabilityArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+/// Run timing of one case.
+#[derive(Debug, Clone, Copy)]
+struct Timing {
+    /// Load before the fault.
+    before: Duration,
+    /// Fault window (for injected faults).
+    window: Duration,
+    /// Load after the fault window (or after the restart).
+    after: Duration,
+}
+
+const NVS_SIZE: &str = "256M";
+
+struct ServerProc {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl ServerProc {
+    fn args(dir: &Path, port: u16) -> Vec<String> {
+        vec![
+            "serve".into(),
+            "--listen".into(),
+            format!("127.0.0.1:{port}"),
+            "--data-dir".into(),
+            dir.join("data").display().to_string(),
+            "--nvs".into(),
+            dir.join("nvs").display().to_string(),
+            "--box".into(),
+            dir.join("box").display().to_string(),
+            "--volume-size".into(),
+            "1G".into(),
+            "--nvs-size".into(),
+            NVS_SIZE.into(),
+            "--cache-size".into(),
+            "128M".into(),
+        ]
+    }
+
+    /// Start and wait for the banner; the time that took and the banner.
+    fn start(dir: &Path, port: u16) -> anyhow::Result<(Self, Duration, String)> {
+        let exe = std::env::current_exe().context("locating this binary")?;
+        let started = Instant::now();
+        let mut child = Command::new(exe)
+            .args(Self::args(dir, port))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting rebound serve")?;
+        let stderr = child.stderr.take().context("server stderr")?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains("serving") {
+                    let _ = tx.send(line);
+                }
+            }
+        });
+        let banner = rx
+            .recv_timeout(Duration::from_secs(60))
+            .context("the server did not start within 60 s")?;
+        let ready = started.elapsed();
+        Ok((
+            Self {
+                child,
+                dir: dir.to_owned(),
+            },
+            ready,
+            banner,
+        ))
+    }
+
+    fn admin(&self, request: &str) -> anyhow::Result<String> {
+        controller::admin::request(&self.dir.join("data").join("admin.sock"), request)
+            .map_err(anyhow::Error::msg)
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    fn stop(mut self) {
+        // SAFETY: kill(2) on our own child's pid; no memory involved.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// Start fio for `runtime` writing a per-100 ms IOPS log under `prefix`.
+fn fio(port: u16, runtime: Duration, prefix: &Path) -> anyhow::Result<Child> {
+    Command::new("fio")
+        .args([
+            "--name=load",
+            "--ioengine=nbd",
+            &format!("--uri=nbd://127.0.0.1:{port}/"),
+            "--rw=randrw",
+            "--rwmixread=75",
+            "--bs=4k",
+            "--iodepth=16",
+            "--size=1g",
+            "--time_based=1",
+            &format!("--runtime={}ms", runtime.as_millis()),
+            "--log_avg_msec=100",
+            &format!("--write_iops_log={}", prefix.display()),
+            "--output=/dev/null",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting fio (apt-get install fio)")
+}
+
+/// Total IOPS per 100 ms bucket from fio's iops logs (read and write
+/// lines summed), as (seconds since the log's start, IOPS).
+fn iops_series(prefix: &Path) -> anyhow::Result<Vec<(f64, f64)>> {
+    let path = PathBuf::from(format!("{}_iops.1.log", prefix.display()));
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let mut buckets: std::collections::BTreeMap<u64, f64> = std::collections::BTreeMap::new();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split(',').map(str::trim).collect();
+        if f.len() < 3 {
+            continue;
+        }
+        let (Ok(ms), Ok(v)) = (f[0].parse::<u64>(), f[1].parse::<f64>()) else {
+            continue;
+        };
+        *buckets.entry(ms.div_ceil(100)).or_default() += v;
+    }
+    Ok(buckets
+        .into_iter()
+        .map(|(b, v)| (b as f64 / 10.0, v))
+        .collect())
+}
+
+/// One case's outcome.
+struct CaseResult {
+    name: &'static str,
+    rung: &'static str,
+    /// (seconds relative to the fault, IOPS per 100 ms).
+    series: Vec<(f64, f64)>,
+    good: f64,
+    worst_pct: f64,
+    below_half: Duration,
+    restart: Option<(Duration, String)>,
+}
+
+fn mean(v: impl Iterator<Item = f64>) -> f64 {
+    let (s, n) = v.fold((0.0, 0u32), |(s, n), x| (s + x, n + 1));
+    if n == 0 { 0.0 } else { s / f64::from(n) }
+}
+
+/// An injected fault held for the window.
+fn injected_case(
+    name: &'static str,
+    rung: &'static str,
+    inject: &[&str],
+    t: Timing,
+    work: &Path,
+    port: u16,
+) -> anyhow::Result<CaseResult> {
+    let dir = work.join(name.replace(' ', "-"));
+    std::fs::create_dir_all(&dir)?;
+    let (server, _, _) = ServerProc::start(&dir, port)?;
+    let prefix = dir.join("fio");
+    let mut load = fio(port, t.before + t.window + t.after, &prefix)?;
+    std::thread::sleep(t.before);
+    for request in inject {
+        server.admin(request)?;
+    }
+    std::thread::sleep(t.window);
+    server.admin("inject clear")?;
+    let status = load.wait().context("waiting for fio")?;
+    anyhow::ensure!(status.success(), "fio failed during {name} ({status})");
+    let log = server.admin("status")?;
+    server.stop();
+    let fault_at = t.before.as_secs_f64();
+    let series: Vec<(f64, f64)> = iops_series(&prefix)?
+        .into_iter()
+        .map(|(s, v)| (s - fault_at, v))
+        .collect();
+    let good = mean(
+        series
+            .iter()
+            .filter(|(s, _)| *s < -0.3 && *s > -fault_at + 0.3)
+            .map(|p| p.1),
+    );
+    let window_end = t.window.as_secs_f64() + 0.3;
+    let during: Vec<f64> = series
+        .iter()
+        .filter(|(s, _)| *s > 0.0 && *s <= window_end)
+        .map(|p| p.1)
+        .collect();
+    let worst = during.iter().copied().fold(f64::INFINITY, f64::min);
+    let below = during.iter().filter(|v| **v < good / 2.0).count();
+    tracing::debug!(%log, "status after {name}");
+    Ok(CaseResult {
+        name,
+        rung,
+        series,
+        good,
+        worst_pct: if good > 0.0 && worst.is_finite() {
+            100.0 * worst / good
+        } else {
+            0.0
+        },
+        below_half: Duration::from_millis(100 * below as u64),
+        restart: None,
+    })
+}
+
+/// kill -9 mid-load, optionally damaging the box, then restart.
+fn kill_case(
+    name: &'static str,
+    rung: &'static str,
+    damage_box: bool,
+    t: Timing,
+    work: &Path,
+    port: u16,
+) -> anyhow::Result<CaseResult> {
+    let dir = work.join(name.replace(' ', "-"));
+    std::fs::create_dir_all(&dir)?;
+    let (mut server, _, _) = ServerProc::start(&dir, port)?;
+    let before = dir.join("fio-before");
+    let mut load = fio(port, t.before * 4, &before)?;
+    std::thread::sleep(t.before);
+    let killed = Instant::now();
+    server.kill9();
+    let reaped = killed.elapsed();
+    if damage_box {
+        std::fs::remove_file(dir.join("box")).context("deleting the recovery box")?;
+    }
+    let (server, ready, banner) = ServerProc::start(&dir, port)?;
+    let restart = killed.elapsed();
+    eprintln!("{name}: killed and reaped in {reaped:?}; new process ready in {ready:?}; {banner}");
+    let _ = load.wait();
+    let after = dir.join("fio-after");
+    let started_fio = killed.elapsed();
+    let mut load = fio(port, t.after, &after)?;
+    let status = load.wait().context("waiting for fio")?;
+    anyhow::ensure!(status.success(), "fio after the restart failed ({status})");
+    server.stop();
+    let good_series = iops_series(&before).unwrap_or_default();
+    let fault_at = t.before.as_secs_f64();
+    let mut series: Vec<(f64, f64)> = good_series
+        .iter()
+        .filter(|(s, _)| *s <= fault_at)
+        .map(|(s, v)| (s - fault_at, *v))
+        .collect();
+    let good = mean(
+        series
+            .iter()
+            .filter(|(s, _)| *s < -0.3 && *s > -fault_at + 0.3)
+            .map(|p| p.1),
+    );
+    series.push((0.0, 0.0));
+    let offset = started_fio.as_secs_f64();
+    let post = iops_series(&after)?;
+    if let Some(first) = post.first() {
+        series.push((offset + first.0 - 0.1, 0.0));
+    }
+    series.extend(post.iter().map(|(s, v)| (offset + s, *v)));
+    let how = banner
+        .split("; ")
+        .find(|p| p.contains("restart"))
+        .unwrap_or("?")
+        .split(':')
+        .next()
+        .unwrap_or("?")
+        .to_owned();
+    Ok(CaseResult {
+        name,
+        rung,
+        series,
+        good,
+        worst_pct: 0.0,
+        below_half: restart,
+        restart: Some((restart, how)),
+    })
+}
+
+/// Run the experiment.
+pub fn run(args: AvailabilityArgs) -> anyhow::Result<std::process::ExitCode> {
+    let quick = args.common.quick;
+    let t = if quick {
+        Timing {
+            before: Duration::from_millis(1500),
+            window: Duration::from_millis(1000),
+            after: Duration::from_millis(1000),
+        }
+    } else {
+        Timing {
+            before: Duration::from_secs(3),
+            window: Duration::from_secs(2),
+            after: Duration::from_secs(3),
+        }
+    };
+    let work = tempfile::tempdir_in("/dev/shm")
+        .or_else(|_| tempfile::tempdir())
+        .context("temporary directory")?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let bar = crate::report::progress(4, "cases");
+    let mut results = Vec::new();
+    bar.set_message("rung 1");
+    results.push(injected_case(
+        "task fault",
+        "1 (redrive)",
+        &["inject panic cache.read rate=0.001 count=unlimited"],
+        t,
+        work.path(),
+        port,
+    )?);
+    bar.inc(1);
+    bar.set_message("rung 2");
+    results.push(injected_case(
+        "group fault",
+        "2 (group recovery)",
+        &["inject group-fault cache rate=0.0001 duration=20ms"],
+        t,
+        work.path(),
+        port,
+    )?);
+    bar.inc(1);
+    bar.set_message("rung 5");
+    results.push(kill_case(
+        "kill -9",
+        "5 (fast restart)",
+        false,
+        t,
+        work.path(),
+        port,
+    )?);
+    bar.inc(1);
+    bar.set_message("rung 6");
+    results.push(kill_case(
+        "kill -9, box deleted",
+        "6 (hard restart)",
+        true,
+        t,
+        work.path(),
+        port,
+    )?);
+    bar.inc(1);
+    bar.finish_and_clear();
+
+    let nvs_bytes = controller::parse_size(NVS_SIZE).map_err(anyhow::Error::msg)? as f64;
+    let mut table = Table::new(&[
+        "case",
+        "rung",
+        "good-path IOPS",
+        "worst 100 ms",
+        "time < 50%",
+        "restart",
+        "target",
+        "met",
+    ]);
+    for r in &results {
+        let (restart, target, met) = match (&r.restart, r.rung.starts_with('5')) {
+            (Some((d, _)), true) => (
+                format!("{:.0} ms", d.as_secs_f64() * 1e3),
+                "back within 200 ms".to_owned(),
+                if *d <= Duration::from_millis(200) {
+                    "yes"
+                } else {
+                    "no"
+                }
+                .to_owned(),
+            ),
+            (Some((d, _)), false) => (
+                format!("{:.0} ms", d.as_secs_f64() * 1e3),
+                "bounded by the NVS scan".to_owned(),
+                format!(
+                    "{:.0} ms per GiB of NVS",
+                    d.as_secs_f64() * 1e3 * (1u64 << 30) as f64 / nvs_bytes
+                ),
+            ),
+            (None, _) => (
+                "-".to_owned(),
+                "no 100 ms under 50%".to_owned(),
+                if r.below_half.is_zero() { "yes" } else { "no" }.to_owned(),
+            ),
+        };
+        table.row(vec![
+            r.name.to_owned(),
+            r.rung.to_owned(),
+            thousands(r.good.round()),
+            if r.restart.is_some() {
+                "0% (down)".to_owned()
+            } else {
+                format!("{:.0}%", r.worst_pct)
+            },
+            format!("{:.1} s", r.below_half.as_secs_f64()),
+            restart,
+            target,
+            met,
+        ]);
+    }
+    table.row(vec![
+        "in-process system recovery".into(),
+        "4".into(),
+        "-".into(),
+        "-".into(),
+        "-".into(),
+        "-".into(),
+        "back within 200 ms".into(),
+        "not implemented".into(),
+    ]);
+    println!("{}", table.render());
+    for r in &results {
+        if let Some((_, how)) = &r.restart {
+            println!("{}: the restarted server reported: {how}", r.name);
+        }
+    }
+    println!(
+        "paper: micro-recovery a 35% dip for 6 s; system-level recovery 4 s down + 2 s to regain throughput"
+    );
+    if !quick {
+        let png = args.common.out.join("availability.png");
+        line_chart_png(
+            &png,
+            "throughput around a fault (fio randrw 4 KiB, QD16; fault at 0 s)",
+            "seconds from the fault",
+            "IOPS per 100 ms",
+            &results
+                .iter()
+                .map(|r| (format!("{} (rung {})", r.name, r.rung), r.series.clone()))
+                .collect::<Vec<_>>(),
+        )?;
+        println!("plot: {}", png.display());
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}
