@@ -324,6 +324,33 @@ fn kill_case(
     })
 }
 
+/// The hard restart's worst case: a full NVS (every slot holds a record,
+/// the high-water mark at the top) reopened with fresh mappings, as a
+/// restarted process would, and scanned; time per GiB.
+fn full_scan_per_gib(work: &Path) -> anyhow::Result<(Duration, u32)> {
+    use controller::nvs::Nvs;
+    let size = controller::parse_size(NVS_SIZE).map_err(anyhow::Error::msg)?;
+    let path = work.join("full.nvs");
+    let tracks = 1 << 18;
+    {
+        let (nvs, _) = Nvs::open_or_create(&path, size, 7, tracks)?;
+        let data = vec![0x5au8; controller::limits::TRACK_BYTES];
+        let mut seq = 1;
+        while let Ok(slots) = nvs.reserve(256, Duration::from_millis(1)) {
+            for s in slots {
+                nvs.write_record(s, seq, seq % tracks, &data);
+                seq += 1;
+            }
+        }
+    }
+    let (nvs, _) = Nvs::open_or_create(&path, size, 7, tracks)?;
+    let report = nvs.scan();
+    let slots = nvs.slot_count();
+    let bytes = f64::from(slots) * (controller::limits::TRACK_BYTES + 64) as f64;
+    let per_gib = report.elapsed.as_secs_f64() * (1u64 << 30) as f64 / bytes;
+    Ok((Duration::from_secs_f64(per_gib), slots))
+}
+
 /// Run the experiment.
 pub fn run(args: AvailabilityArgs) -> anyhow::Result<std::process::ExitCode> {
     let quick = args.common.quick;
@@ -389,8 +416,8 @@ pub fn run(args: AvailabilityArgs) -> anyhow::Result<std::process::ExitCode> {
     )?);
     bar.inc(1);
     bar.finish_and_clear();
+    let (scan_per_gib, scanned_slots) = full_scan_per_gib(work.path())?;
 
-    let nvs_bytes = controller::parse_size(NVS_SIZE).map_err(anyhow::Error::msg)? as f64;
     let mut table = Table::new(&[
         "case",
         "rung",
@@ -417,8 +444,8 @@ pub fn run(args: AvailabilityArgs) -> anyhow::Result<std::process::ExitCode> {
                 format!("{:.0} ms", d.as_secs_f64() * 1e3),
                 "bounded by the NVS scan".to_owned(),
                 format!(
-                    "{:.0} ms per GiB of NVS",
-                    d.as_secs_f64() * 1e3 * (1u64 << 30) as f64 / nvs_bytes
+                    "full scan {:.0} ms per GiB",
+                    scan_per_gib.as_secs_f64() * 1e3
                 ),
             ),
             (None, _) => (
@@ -458,6 +485,10 @@ pub fn run(args: AvailabilityArgs) -> anyhow::Result<std::process::ExitCode> {
             println!("{}: the restarted server reported: {how}", r.name);
         }
     }
+    println!(
+        "hard restart worst case: a full {NVS_SIZE} NVS ({scanned_slots} records) scans at {:.0} ms per GiB; a restart reads only the slots below the high-water mark",
+        scan_per_gib.as_secs_f64() * 1e3
+    );
     println!(
         "paper: micro-recovery a 35% dip for 6 s; system-level recovery 4 s down + 2 s to regain throughput"
     );

@@ -31,9 +31,9 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     fn path(&self) -> &Path;
 }
 
-/// Give a new device file its full size, reserving the space where the
-/// file system can (so a full disk is found now, not by a destage later).
-fn reserve(file: &File, capacity: u64) -> io::Result<()> {
+/// Give a new device (or NVS) file its full size, reserving the space where
+/// the file system can (so a full disk is found now, not by a write later).
+pub(crate) fn reserve(file: &File, capacity: u64) -> io::Result<()> {
     let len = libc::off_t::try_from(capacity)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "device too large"))?;
     // SAFETY: fallocate takes a file descriptor we own (kept open by `file`

@@ -9,7 +9,10 @@
 //! offset 0      superblock, 4096 bytes:
 //!   0   u64 magic "RBNDNVS1"       8  u32 version (1)      12  u32 slot_bytes
 //!  16   u32 slot_count            20  u32 track_bytes      24  u64 volume_id
-//!  32   u32 crc32c of bytes 0..32  (rest zero)
+//!  32   u32 crc32c of bytes 0..32
+//!  40   u32 high_water: no slot at or above it has ever held a record
+//!  44   u32 crc32c of bytes 40..44 (a bad one reads as high_water = slot_count)
+//!  (rest zero)
 //! offset 4096   slot_count slots of slot_bytes = 64 + track_bytes each:
 //!   0   u32 magic "RBNV" (0x56_4E_42_52); 0 = free slot
 //!   4   u16 kind (1 = data)        6  u16 reserved (0)
@@ -34,6 +37,13 @@
 //! checksums and is discarded. Both cases are writes never acknowledged.
 //! Freeing is a single aligned 4-byte store of magic = 0.
 //!
+//! Slots are handed out lowest first, so the slots that ever held a record
+//! stay below a high-water mark. Raising it (in steps of a segment) is
+//! written to the superblock before any slot above the old mark is handed
+//! out; a restart therefore reads only the slots below the mark (a fast
+//! restart clears their stale magics, a hard restart validates them), and
+//! never faults in the untouched rest of a large NVS.
+//!
 //! # Concurrency
 //!
 //! Slots are grouped in segments of [`SEGMENT_SLOTS`] slots, each its own
@@ -44,7 +54,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering, fence};
 use std::time::{Duration, Instant};
 
 use memmap2::{MmapMut, MmapOptions};
@@ -172,6 +182,9 @@ pub struct Nvs {
     space: Condvar,
     next_seq: AtomicU64,
     closing: AtomicBool,
+    /// Slots at or above this have never held a record (persisted in the
+    /// superblock before it is crossed). Changed under the free-list lock.
+    high_water: AtomicU32,
 }
 
 impl std::fmt::Debug for Nvs {
@@ -250,9 +263,18 @@ impl Nvs {
         let slot_count = if fresh {
             let slot_count = slots_for(size_bytes);
             let total = SUPERBLOCK_BYTES + u64::from(slot_count) * SLOT_BYTES as u64;
-            file.set_len(total).map_err(io)?;
+            // Reserve the memory now: a sparse NVS on tmpfs could fault
+            // (SIGBUS) on a write when /dev/shm fills, and would allocate
+            // its pages one fault at a time on the restart path instead of
+            // once here.
+            crate::device::reserve(&file, total).map_err(io)?;
             file.write_all_at(&encode_superblock(slot_count, volume_id), 0)
                 .map_err(io)?;
+            // high_water = 0: nothing written yet.
+            let mut hw = [0u8; 8];
+            let c = crc(&hw[0..4]);
+            hw[4..8].copy_from_slice(&c.to_le_bytes());
+            file.write_all_at(&hw, 40).map_err(io)?;
             slot_count
         } else {
             Self::check_superblock(&file, path, len, size_bytes, volume_id)?
@@ -276,6 +298,7 @@ impl Nvs {
                 .map_err(io)
             })
             .collect::<Result<Box<[_]>, _>>()?;
+        let file_for_hwm = file.try_clone().map_err(io)?;
         let nvs = Self {
             path: path.to_owned(),
             _file: file,
@@ -287,6 +310,11 @@ impl Nvs {
             space: Condvar::new(),
             next_seq: AtomicU64::new(1),
             closing: AtomicBool::new(false),
+            high_water: AtomicU32::new(if fresh {
+                0
+            } else {
+                Self::read_high_water(&file_for_hwm, slot_count)
+            }),
         };
         if fresh {
             // A new file holds no records: every slot is free.
@@ -358,6 +386,31 @@ impl Nvs {
         Ok(slot_count)
     }
 
+    /// The persisted high-water mark (`slot_count` if it cannot be trusted).
+    fn read_high_water(file: &File, slot_count: u32) -> u32 {
+        let mut b = [0u8; 8];
+        if file.read_exact_at(&mut b, 40).is_err() || le_u32(&b, 4) != crc(&b[0..4]) {
+            return slot_count;
+        }
+        let hwm = le_u32(&b, 0);
+        if hwm > slot_count { slot_count } else { hwm }
+    }
+
+    /// Persist a new high-water mark (before any slot below it but above the
+    /// old one is handed out).
+    fn write_high_water(&self, hwm: u32) -> io::Result<()> {
+        let mut b = [0u8; 8];
+        b[0..4].copy_from_slice(&hwm.to_le_bytes());
+        let c = crc(&b[0..4]);
+        b[4..8].copy_from_slice(&c.to_le_bytes());
+        self._file.write_all_at(&b, 40)
+    }
+
+    /// Slots below the high-water mark (the only ones that can hold records).
+    pub fn high_water(&self) -> u32 {
+        self.high_water.load(Ordering::SeqCst)
+    }
+
     fn locate(slot: u32) -> (usize, usize) {
         let seg = (slot / SEGMENT_SLOTS) as usize;
         let at = (slot % SEGMENT_SLOTS) as usize * SLOT_BYTES;
@@ -371,10 +424,16 @@ impl Nvs {
         let mut report = ScanReport::default();
         let mut free = Vec::new();
         let mut max_seq = 0;
+        let hwm = self.high_water();
         for (s, segment) in self.segments.iter().enumerate() {
             let mut map = segment.lock();
             for i in 0..SEGMENT_SLOTS as usize {
                 let slot = s as u32 * SEGMENT_SLOTS + i as u32;
+                if slot >= hwm {
+                    // Never held a record: free without touching it.
+                    free.push(slot);
+                    continue;
+                }
                 let rec = &mut map[i * SLOT_BYTES..(i + 1) * SLOT_BYTES];
                 if le_u32(rec, H_MAGIC) == 0 {
                     free.push(slot);
@@ -406,9 +465,10 @@ impl Nvs {
     /// replayed by a later scan. Sequence numbers continue from `next_seq`.
     pub fn adopt(&self, referenced: &[ScannedRecord], next_seq: u64) -> Result<(), NvsError> {
         let mut live = vec![false; self.slot_count as usize];
+        let hwm = self.high_water();
         for r in referenced {
             let (seg, at) = Self::locate(r.slot);
-            if r.slot >= self.slot_count || live[r.slot as usize] {
+            if r.slot >= hwm || live[r.slot as usize] {
                 return Err(NvsError::Corrupt {
                     slot: r.slot,
                     reason: "referenced twice or out of range",
@@ -432,6 +492,10 @@ impl Nvs {
             for i in 0..SEGMENT_SLOTS as usize {
                 let slot = s as u32 * SEGMENT_SLOTS + i as u32;
                 if live[slot as usize] {
+                    continue;
+                }
+                if slot >= hwm {
+                    free.push(slot);
                     continue;
                 }
                 let magic = &mut map[i * SLOT_BYTES..i * SLOT_BYTES + 4];
@@ -504,6 +568,19 @@ impl Nvs {
             }
             if free.slots.len() >= n as usize {
                 let at = free.slots.len() - n as usize;
+                let top = free.slots[at..].iter().copied().max().unwrap_or(0);
+                let hwm = self.high_water();
+                if top >= hwm {
+                    // Persist the new mark before the slot can hold a record.
+                    let new = (top / SEGMENT_SLOTS + 1) * SEGMENT_SLOTS;
+                    self.write_high_water(new.min(self.slot_count))
+                        .map_err(|source| NvsError::Io {
+                            path: self.path.clone(),
+                            source,
+                        })?;
+                    self.high_water
+                        .store(new.min(self.slot_count), Ordering::SeqCst);
+                }
                 return Ok(free.slots.split_off(at));
             }
             if self.space.wait_until(&mut free, deadline).timed_out() {
@@ -669,6 +746,56 @@ mod tests {
         nvs.read_record(r.slot, 1, 11, &mut out).unwrap();
         assert!(out.iter().all(|&b| b == 2));
         assert!(nvs.read_record(r.slot, 1, 99, &mut out).is_err());
+    }
+
+    #[test]
+    fn the_high_water_mark_is_persisted_before_slots_above_it_are_used() {
+        let dir = tempfile::tempdir().unwrap();
+        let open = |dir: &Path| {
+            let (nvs, fresh) = Nvs::open_or_create(&dir.join("nvs"), 8 << 20, 42, 1000).unwrap();
+            let report = if fresh {
+                ScanReport::default()
+            } else {
+                nvs.scan()
+            };
+            (nvs, report)
+        };
+        let (nvs, _) = open(dir.path());
+        assert_eq!(nvs.high_water(), 0, "a new NVS has held nothing");
+        // Take a whole segment and one more slot: the mark covers both.
+        let first = nvs
+            .reserve(SEGMENT_SLOTS / 2, Duration::from_secs(1))
+            .unwrap();
+        assert_eq!(
+            nvs.high_water(),
+            SEGMENT_SLOTS,
+            "lowest slots first, one segment marked"
+        );
+        let second = nvs
+            .reserve(SEGMENT_SLOTS / 2 + 1, Duration::from_secs(1))
+            .unwrap();
+        assert_eq!(nvs.high_water(), 2 * SEGMENT_SLOTS);
+        let top = *second.iter().max().unwrap();
+        assert_eq!(top, SEGMENT_SLOTS, "slots are handed out lowest first");
+        nvs.write_record(top, 7, 3, &[9; TRACK_BYTES]);
+        nvs.release(&first);
+        drop(nvs);
+        // Reopen: the scan reads only below the mark and finds the record.
+        let (nvs, report) = open(dir.path());
+        assert_eq!(nvs.high_water(), 2 * SEGMENT_SLOTS);
+        assert_eq!(report.records.len(), 1);
+        assert_eq!(report.records[0].slot, top);
+        drop(nvs);
+        // A damaged mark is distrusted: the whole NVS is scanned.
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.path().join("nvs"))
+            .unwrap();
+        f.write_all_at(&[0xff], 44).unwrap();
+        drop(f);
+        let (nvs, report) = open(dir.path());
+        assert_eq!(nvs.high_water(), nvs.slot_count());
+        assert_eq!(report.records.len(), 1, "still found");
     }
 
     #[test]
