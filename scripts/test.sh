@@ -60,5 +60,6 @@ cargo run --release --quiet -- bench controller --quick
 cargo run --release --quiet -- bench box --quick
 cargo run --release --quiet -- bench loglock --quick
 cargo run --release --quiet -- bench availability --quick
+cargo run --release --quiet -- bench badpath --quick
 
 step "all passed"

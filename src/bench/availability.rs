@@ -185,6 +185,9 @@ struct CaseResult {
     /// (seconds relative to the fault, IOPS per 100 ms).
     series: Vec<(f64, f64)>,
     good: f64,
+    /// The worst 100 ms before the fault, % of the good-path mean (the
+    /// machine's own noise).
+    noise_pct: f64,
     worst_pct: f64,
     below_half: Duration,
     restart: Option<(Duration, String)>,
@@ -224,12 +227,14 @@ fn injected_case(
         .into_iter()
         .map(|(s, v)| (s - fault_at, v))
         .collect();
-    let good = mean(
+    let pre = || {
         series
             .iter()
             .filter(|(s, _)| *s < -0.3 && *s > -fault_at + 0.3)
-            .map(|p| p.1),
-    );
+            .map(|p| p.1)
+    };
+    let good = mean(pre());
+    let noise = pre().fold(f64::INFINITY, f64::min);
     let window_end = t.window.as_secs_f64() + 0.3;
     let during: Vec<f64> = series
         .iter()
@@ -244,6 +249,11 @@ fn injected_case(
         rung,
         series,
         good,
+        noise_pct: if good > 0.0 && noise.is_finite() {
+            100.0 * noise / good
+        } else {
+            0.0
+        },
         worst_pct: if good > 0.0 && worst.is_finite() {
             100.0 * worst / good
         } else {
@@ -292,12 +302,14 @@ fn kill_case(
         .filter(|(s, _)| *s <= fault_at)
         .map(|(s, v)| (s - fault_at, *v))
         .collect();
-    let good = mean(
+    let pre = || {
         series
             .iter()
             .filter(|(s, _)| *s < -0.3 && *s > -fault_at + 0.3)
-            .map(|p| p.1),
-    );
+            .map(|p| p.1)
+    };
+    let good = mean(pre());
+    let noise = pre().fold(f64::INFINITY, f64::min);
     series.push((0.0, 0.0));
     let offset = started_fio.as_secs_f64();
     let post = iops_series(&after)?;
@@ -318,6 +330,11 @@ fn kill_case(
         rung,
         series,
         good,
+        noise_pct: if good > 0.0 && noise.is_finite() {
+            100.0 * noise / good
+        } else {
+            0.0
+        },
         worst_pct: 0.0,
         below_half: restart,
         restart: Some((restart, how)),
@@ -422,6 +439,7 @@ pub fn run(args: AvailabilityArgs) -> anyhow::Result<std::process::ExitCode> {
         "case",
         "rung",
         "good-path IOPS",
+        "worst 100 ms, no fault",
         "worst 100 ms",
         "time < 50%",
         "restart",
@@ -458,6 +476,7 @@ pub fn run(args: AvailabilityArgs) -> anyhow::Result<std::process::ExitCode> {
             r.name.to_owned(),
             r.rung.to_owned(),
             thousands(r.good.round()),
+            format!("{:.0}%", r.noise_pct),
             if r.restart.is_some() {
                 "0% (down)".to_owned()
             } else {
@@ -472,6 +491,7 @@ pub fn run(args: AvailabilityArgs) -> anyhow::Result<std::process::ExitCode> {
     table.row(vec![
         "in-process system recovery".into(),
         "4".into(),
+        "-".into(),
         "-".into(),
         "-".into(),
         "-".into(),
@@ -498,7 +518,7 @@ pub fn run(args: AvailabilityArgs) -> anyhow::Result<std::process::ExitCode> {
             &png,
             "throughput around a fault (fio randrw 4 KiB, QD16; fault at 0 s)",
             "seconds from the fault",
-            "IOPS per 100 ms",
+            "IOPS (100 ms windows)",
             &results
                 .iter()
                 .map(|r| (format!("{} (rung {})", r.name, r.rung), r.series.clone()))

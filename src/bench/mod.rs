@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 
 mod availability;
+mod badpath;
 mod controller;
 mod loglock;
 mod rcs;
@@ -23,6 +24,8 @@ pub struct BenchArgs {
 enum Which {
     /// Throughput per 100 ms around a fault at each rung (fio load).
     Availability(availability::AvailabilityArgs),
+    /// The controller under the scheduling paper's fault emulation: dynamic vs performance policy.
+    Badpath(badpath::BadPathArgs),
     /// Recovery-conscious scheduling, good path and bad path (paper §6.3), per policy.
     Rcs(rcs::RcsArgs),
     /// Log(Lock): how often the restoration level meets the recovery criterion (paper Table 5).
@@ -50,6 +53,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     match args.which {
         Which::Rcs(a) => rcs::run(a),
         Which::Availability(a) => availability::run(a),
+        Which::Badpath(a) => badpath::run(a),
         Which::Controller(a) => controller::run(a),
         Which::Box(a) => recobox::run(a),
         Which::Loglock(a) => loglock::run(a),
