@@ -71,12 +71,22 @@ pub(crate) struct ActorState {
     pub point_gen: u64,
 }
 
-/// The hot part of the current actor, readable without borrowing the
-/// state: who runs here (0: no actor) and how many locks it tracks.
+/// Tracked locks mirrored in [`Fast`]; an actor tracking more takes the
+/// slower path through its state.
+const FAST_LOCKS: usize = 8;
+
+/// The hot part of the current actor, readable without borrowing its
+/// state: who runs here (0: no actor), how many locks it tracks, and for
+/// the first [`FAST_LOCKS`] of them the lock id and the recovery-point
+/// generation of its last undo capture. Rebuilt by [`sync_fast`] after
+/// every change of the state it mirrors.
 #[derive(Debug)]
 struct Fast {
     id: Cell<ActorId>,
     tracking: Cell<usize>,
+    ids: [Cell<u64>; FAST_LOCKS],
+    captured: [Cell<u64>; FAST_LOCKS],
+    point_gen: Cell<u64>,
 }
 
 thread_local! {
@@ -85,6 +95,9 @@ thread_local! {
         Fast {
             id: Cell::new(0),
             tracking: Cell::new(0),
+            ids: [const { Cell::new(0) }; FAST_LOCKS],
+            captured: [const { Cell::new(0) }; FAST_LOCKS],
+            point_gen: Cell::new(0),
         }
     };
     static IMPLICIT: Cell<ActorId> = const { Cell::new(0) };
@@ -112,10 +125,27 @@ pub fn current_actor() -> ActorId {
     }
 }
 
-fn set_fast(id: ActorId, tracking: usize) {
-    FAST.with(|f| {
-        f.id.set(id);
-        f.tracking.set(tracking);
+/// Mirror `state` (or no actor) into [`Fast`].
+pub(crate) fn sync_fast(state: Option<&ActorState>) {
+    FAST.with(|f| match state {
+        None => {
+            f.id.set(0);
+            f.tracking.set(0);
+        }
+        Some(s) => {
+            f.id.set(s.id);
+            f.tracking.set(s.tracked.len());
+            f.point_gen.set(s.point_gen);
+            for i in 0..FAST_LOCKS {
+                match s.tracked.get(i) {
+                    Some(t) => {
+                        f.ids[i].set(t.core.id().0);
+                        f.captured[i].set(t.captured_gen);
+                    }
+                    None => f.ids[i].set(0),
+                }
+            }
+        }
     });
 }
 
@@ -135,59 +165,79 @@ pub(crate) struct Access {
     pub tracks: bool,
     /// Its first modification must save the old value.
     pub capture: bool,
+    /// The structure is held exclusively (the hold is noted in the lock's
+    /// core, not in the actor's state).
+    pub exclusive: bool,
 }
 
 /// Start an access to a tracked lock: who is it, and note the hold.
-pub(crate) fn begin_access(lock: LockId) -> Access {
-    let (id, tracking) = FAST.with(|f| (f.id.get(), f.tracking.get()));
-    if tracking == 0 {
-        // The common case: another actor tracks the lock, this one is
-        // only being recorded.
-        return Access {
-            actor: if id == 0 { implicit_id() } else { id },
-            tracks: false,
-            capture: false,
-        };
-    }
-    let implicit = || Access {
-        actor: implicit_id(),
-        tracks: false,
-        capture: false,
-    };
-    ACTOR.with(|a| match a.try_borrow_mut() {
-        Ok(mut a) => match a.as_mut() {
-            Some(s) => {
-                let gen_now = s.point_gen;
-                match s.tracked.iter().find(|t| t.core.id() == lock) {
-                    Some(t) => {
-                        let capture = t.captured_gen != gen_now;
-                        s.held.push(lock);
-                        Access {
-                            actor: s.id,
-                            tracks: true,
-                            capture,
-                        }
-                    }
-                    None => Access {
-                        actor: s.id,
-                        tracks: false,
-                        capture: false,
-                    },
-                }
+#[inline]
+pub(crate) fn begin_access(core: &LockCore, exclusive: bool) -> Access {
+    let lock = core.id();
+    let fast = FAST.with(|f| {
+        let (id, tracking) = (f.id.get(), f.tracking.get());
+        if tracking == 0 {
+            // The common case: another actor tracks the lock, this one is
+            // only being recorded.
+            let actor = if id == 0 { implicit_id() } else { id };
+            return Some((actor, false, false));
+        }
+        if tracking > FAST_LOCKS {
+            return None;
+        }
+        let found = (0..tracking).find(|&i| f.ids[i].get() == lock.0);
+        Some(match found {
+            Some(i) => (id, true, f.captured[i].get() != f.point_gen.get()),
+            None => (id, false, false),
+        })
+    });
+    let (actor, tracks, capture) = fast.unwrap_or_else(|| {
+        with_actor(|s| {
+            let gen_now = s.point_gen;
+            match s.tracked.iter().find(|t| t.core.id() == lock) {
+                Some(t) => (s.id, true, t.captured_gen != gen_now),
+                None => (s.id, false, false),
             }
-            None => implicit(),
-        },
-        Err(_) => implicit(),
-    })
+        })
+        .unwrap_or_else(|_| (implicit_id(), false, false))
+    });
+    if tracks {
+        if exclusive {
+            core.set_holder(actor);
+        } else {
+            let _ = with_actor(|s| s.held.push(lock));
+        }
+    }
+    Access {
+        actor,
+        tracks,
+        capture,
+        exclusive,
+    }
 }
 
-/// Note that the current actor let go of a tracked lock.
-pub(crate) fn end_hold(lock: LockId) {
-    let _ = with_actor(|s| {
-        if let Some(i) = s.held.iter().rposition(|l| *l == lock) {
-            s.held.swap_remove(i);
-        }
-    });
+/// End an access begun with [`begin_access`].
+#[inline]
+pub(crate) fn end_access(core: &LockCore, a: Access) {
+    if !a.tracks {
+        return;
+    }
+    if a.exclusive {
+        core.set_holder(0);
+    } else {
+        let lock = core.id();
+        let _ = with_actor(|s| {
+            if let Some(i) = s.held.iter().rposition(|l| *l == lock) {
+                s.held.swap_remove(i);
+            }
+        });
+    }
+}
+
+/// Whether `actor` holds the structure of `core` (exclusively, or shared
+/// as the current actor).
+pub(crate) fn holds(core: &LockCore, actor: ActorId) -> bool {
+    core.holder() == actor || with_actor(|s| s.held.contains(&core.id())).unwrap_or(false)
 }
 
 /// A guard's first modification: if the accessing actor must save the old
@@ -223,6 +273,7 @@ fn save_undo(lock: LockId, restore: Box<dyn Restore>) {
         if let Some(t) = s.tracked.iter_mut().find(|t| t.core.id() == lock) {
             t.captured_gen = gen_now;
         }
+        sync_fast(Some(s));
     });
 }
 
@@ -263,7 +314,7 @@ impl Actor {
                 point_gen: 0,
             })
         });
-        set_fast(id, 0);
+        ACTOR.with(|a| sync_fast(a.borrow().as_ref()));
         Self {
             id,
             previous,
@@ -311,7 +362,7 @@ impl Actor {
                 commit_start,
                 captured_gen: u64::MAX,
             });
-            set_fast(id, s.tracked.len());
+            sync_fast(Some(s));
             Ok(())
         })?
     }
@@ -327,7 +378,7 @@ impl Actor {
                 .position(|t| t.core.id() == core.id())
                 .ok_or(LogError::NotTracking(core.id()))?;
             s.tracked.swap_remove(i);
-            set_fast(s.id, s.tracked.len());
+            sync_fast(Some(s));
             Ok(s.tracked.is_empty())
         })??;
         core.remove_tracker(self.id);
@@ -376,6 +427,7 @@ impl Actor {
             let index = s.next_point;
             s.next_point += 1;
             s.point_gen += 1;
+            sync_fast(Some(s));
             s.points.push(PointMark {
                 index,
                 undo_mark: s.undo.len(),
@@ -404,6 +456,7 @@ impl Actor {
                 .ok_or(LogError::UnknownRecoveryPoint(point.index()))?;
             s.points.truncate(i);
             s.point_gen += 1;
+            sync_fast(Some(s));
             Ok(())
         })?
     }
@@ -438,6 +491,7 @@ impl Actor {
                 return Err(LogError::Corrupt("undo"));
             }
             s.point_gen += 1;
+            sync_fast(Some(s));
             Ok(s.undo.split_off(mark))
         })??;
         // The oldest entry per structure is its value at the point.
@@ -511,10 +565,7 @@ impl Actor {
 impl Drop for Actor {
     fn drop(&mut self) {
         let previous = self.previous.take();
-        match &previous {
-            Some(p) => set_fast(p.id, p.tracked.len()),
-            None => set_fast(0, 0),
-        }
+        sync_fast(previous.as_ref());
         let ended = ACTOR.with(|a| std::mem::replace(&mut *a.borrow_mut(), previous));
         if let Some(state) = ended {
             let tracked = !state.tracked.is_empty();

@@ -97,6 +97,9 @@ pub struct LockCore {
     ring: OnceLock<Box<[Slot]>>,
     /// Serialises recorders that hold the structure shared.
     shared: Mutex<()>,
+    /// The tracking actor holding the structure exclusively (0: none).
+    /// Written only by the holder, under the structure's lock.
+    holder: AtomicU64,
     pub(crate) registry: Mutex<Registry>,
 }
 
@@ -109,6 +112,7 @@ impl LockCore {
             head: AtomicU64::new(1),
             ring: OnceLock::new(),
             shared: Mutex::new(()),
+            holder: AtomicU64::new(0),
             registry: Mutex::new(Registry {
                 base: 1,
                 ..Registry::default()
@@ -131,6 +135,18 @@ impl LockCore {
     #[inline]
     pub fn is_tracked(&self) -> bool {
         self.trackers.load(Ordering::Relaxed) != 0
+    }
+
+    /// Note (or clear, with 0) the tracking actor holding the structure
+    /// exclusively.
+    #[inline]
+    pub(crate) fn set_holder(&self, actor: ActorId) {
+        self.holder.store(actor, Ordering::Relaxed);
+    }
+
+    /// The tracking actor holding the structure exclusively (0: none).
+    pub(crate) fn holder(&self) -> ActorId {
+        self.holder.load(Ordering::Relaxed)
     }
 
     /// The sequence number the next event will get.

@@ -210,7 +210,7 @@ pub(crate) fn compute_on(
     level.rr = owned
         .iter()
         .any(|i| snap.lost || acquired.contains(&(*i as u64)))
-        || with_actor(|s| s.held.contains(&core.id())).unwrap_or(false);
+        || crate::actor::holds(core, actor);
     Ok(level)
 }
 
@@ -256,7 +256,7 @@ impl Actor {
         let core = lock.core();
         Ownership {
             lock: core.id(),
-            holds_lock: with_actor(|s| s.held.contains(&core.id())).unwrap_or(false),
+            holds_lock: crate::actor::holds(core, self.id()),
             items: lock.owned_items(self.id()),
         }
     }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard};
 
-use crate::actor::end_hold;
+use crate::actor::end_access;
 use crate::actor::{Access, Tracked, begin_access, first_write};
 use crate::core::LockCore;
 use crate::event::EventKind;
@@ -86,7 +86,7 @@ impl<T: Clone + Hash + Send + 'static> TrackedMutex<T> {
 
     #[cold]
     fn begin_access(&self) -> Access {
-        begin_access(self.inner.core.id())
+        begin_access(&self.inner.core, true)
     }
 
     /// The lock's identity and log.
@@ -199,7 +199,5 @@ pub(crate) fn finish_access(
             core.record_shared(a.actor, kind, 0);
         }
     }
-    if a.tracks {
-        end_hold(core.id());
-    }
+    end_access(core, a);
 }

@@ -62,11 +62,11 @@ impl<T: Clone + Hash + Send + Sync + 'static> TrackedRwLock<T> {
         }
     }
 
-    fn access(&self) -> Option<Access> {
+    fn access(&self, exclusive: bool) -> Option<Access> {
         if !self.inner.core.is_tracked() {
             return None;
         }
-        Some(begin_access(self.inner.core.id()))
+        Some(begin_access(&self.inner.core, exclusive))
     }
 
     /// Shared access: records a read while tracked.
@@ -76,7 +76,7 @@ impl<T: Clone + Hash + Send + Sync + 'static> TrackedRwLock<T> {
         TrackedReadGuard {
             core: &self.inner.core,
             guard,
-            access: self.access(),
+            access: self.access(false),
             read: Cell::new(false),
         }
     }
@@ -88,7 +88,7 @@ impl<T: Clone + Hash + Send + Sync + 'static> TrackedRwLock<T> {
         TrackedWriteGuard {
             lock: self,
             guard,
-            access: self.access(),
+            access: self.access(true),
             read: Cell::new(false),
             written: false,
         }
