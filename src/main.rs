@@ -8,6 +8,8 @@ use clap::{Parser, Subcommand};
 mod admin_cmd;
 mod bench;
 mod box_cmd;
+mod demo;
+mod nbd_client;
 mod report;
 mod serve;
 mod supervise;
@@ -34,6 +36,8 @@ enum Command {
     Inject(admin_cmd::InjectArgs),
     /// Run an experiment or benchmark; prints a table, full runs also write a PNG plot.
     Bench(bench::BenchArgs),
+    /// Watch the recovery ladder: a server, a verifying client, one fault per rung (~20 s).
+    Demo(demo::DemoArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -45,6 +49,7 @@ fn main() -> std::process::ExitCode {
         Command::Status(args) => admin_cmd::status(args),
         Command::Inject(args) => admin_cmd::inject(args),
         Command::Bench(args) => bench::run(args),
+        Command::Demo(args) => demo::run(args),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,363 @@
+//! `rebound demo`: watch the recovery ladder in one command.
+//!
+//! Starts `rebound serve --supervise` on a scratch volume, runs a client
+//! that writes version-stamped blocks and checks every block it reads back
+//! (reconnecting by itself when the server goes away), and injects one
+//! fault per rung through the admin socket:
+//!
+//! | at | fault | rung |
+//! |---|---|---|
+//! | 3 s | panics in `cache.read`, failures in `nvs.write` | 1: the failed stage's request is redriven |
+//! | 6 s | the scheduling paper's fault emulation in the cache group, for 2 s | 2: group recovery |
+//! | 10 s | the process aborts | 5: fast restart from the recovery box (by the supervisor) |
+//! | 14 s | the recovery box is invalidated, then the process aborts | 6: hard restart from an NVS scan |
+//!
+//! A line per second shows the client's throughput; the final table shows,
+//! per rung, the recoveries the server counted, the client's longest wait
+//! for one request, and the acknowledged writes lost (read back at the end:
+//! it must be 0).
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use parking_lot::Mutex;
+
+use crate::nbd_client::NbdClient;
+use crate::report::{Table, thousands};
+
+/// Options of `rebound demo`.
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Keep the scratch directory (server log, data) and print its path.
+    #[arg(long)]
+    keep: bool,
+}
+
+const TRACKS: u64 = 4096;
+const BLOCK: usize = 4096;
+
+fn block(track: u64, version: u64) -> Vec<u8> {
+    let mut b = vec![0u8; BLOCK];
+    for (i, chunk) in b.chunks_mut(16).enumerate() {
+        chunk[..8].copy_from_slice(&track.to_le_bytes());
+        chunk[8..].copy_from_slice(&(version ^ i as u64).to_le_bytes());
+    }
+    b
+}
+
+/// The version a block holds, if it is one of ours for `track`.
+fn version_of(track: u64, b: &[u8]) -> Option<u64> {
+    let v = u64::from_le_bytes(b[8..16].try_into().ok()?);
+    (b == block(track, v).as_slice()).then_some(v)
+}
+
+/// What the client knows about each track.
+#[derive(Debug, Default, Clone, Copy)]
+struct TrackState {
+    acked: u64,
+    /// A write whose reply never came (a crash): it may or may not be there.
+    maybe: u64,
+}
+
+struct Load {
+    ops: AtomicU64,
+    bad_reads: AtomicU64,
+    /// Longest time one request waited, in µs, since the last reset.
+    longest_us: AtomicU64,
+    stop: AtomicBool,
+    tracks: Mutex<Vec<TrackState>>,
+}
+
+fn run_load(addr: &str, load: &Load) {
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next_version = 0u64;
+    let mut conn: Option<NbdClient> = None;
+    let mut buf = vec![0u8; BLOCK];
+    while !load.stop.load(Ordering::Relaxed) {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let track = rng % TRACKS;
+        let read = rng >> 62 == 0;
+        let started = Instant::now();
+        let c = loop {
+            if let Some(c) = conn.as_mut() {
+                break c;
+            }
+            if load.stop.load(Ordering::Relaxed) {
+                return;
+            }
+            match NbdClient::connect(addr) {
+                Ok(c) => conn = Some(c),
+                Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            }
+        };
+        let result = if read {
+            c.read(track * BLOCK as u64, &mut buf).map(|()| {
+                let st = load.tracks.lock()[track as usize];
+                let ok = match version_of(track, &buf) {
+                    Some(v) => v == st.acked || v == st.maybe,
+                    None => st.acked == 0 && buf.iter().all(|&b| b == 0),
+                };
+                if !ok {
+                    load.bad_reads.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        } else {
+            next_version += 1;
+            let r = c.write(track * BLOCK as u64, &block(track, next_version));
+            let mut tracks = load.tracks.lock();
+            match r {
+                Ok(()) => tracks[track as usize].acked = next_version,
+                Err(_) => tracks[track as usize].maybe = next_version,
+            }
+            r
+        };
+        match result {
+            Ok(()) => {
+                load.ops.fetch_add(1, Ordering::Relaxed);
+                let us = started.elapsed().as_micros() as u64;
+                load.longest_us.fetch_max(us, Ordering::Relaxed);
+            }
+            Err(_) => conn = None,
+        }
+    }
+}
+
+/// Read every track back: acknowledged writes that are gone.
+fn verify(addr: &str, load: &Load) -> anyhow::Result<u64> {
+    let mut c = NbdClient::connect(addr)?;
+    let tracks = load.tracks.lock().clone();
+    let mut buf = vec![0u8; BLOCK];
+    let mut lost = 0;
+    for (t, st) in tracks.iter().enumerate() {
+        c.read(t as u64 * BLOCK as u64, &mut buf)?;
+        let ok = match version_of(t as u64, &buf) {
+            Some(v) => v == st.acked || (v == st.maybe && st.maybe > st.acked),
+            None => st.acked == 0,
+        };
+        lost += u64::from(!ok);
+    }
+    Ok(lost)
+}
+
+fn admin(path: &std::path::Path, request: &str) -> anyhow::Result<String> {
+    controller::admin::request(path, request).map_err(anyhow::Error::msg)
+}
+
+fn rung_count(status: &str, rung: &str) -> u64 {
+    status
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some(rung))
+        .and_then(|l| l.split_whitespace().nth(2))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Run the demo.
+pub fn run(args: DemoArgs) -> anyhow::Result<std::process::ExitCode> {
+    let dir = tempfile::tempdir_in("/dev/shm")
+        .or_else(|_| tempfile::tempdir())
+        .context("scratch directory")?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let data = dir.path().join("data");
+    let admin_path = data.join("admin.sock");
+    let log = std::fs::File::create(dir.path().join("server.log"))?;
+    let mut server: Child = Command::new(std::env::current_exe()?)
+        .args(["serve", "--supervise", "--listen", &addr, "--data-dir"])
+        .arg(&data)
+        .arg("--nvs")
+        .arg(dir.path().join("nvs"))
+        .arg("--box")
+        .arg(dir.path().join("box"))
+        .args([
+            "--volume-size",
+            "256M",
+            "--nvs-size",
+            "96M",
+            "--cache-size",
+            "8M",
+        ])
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .context("starting rebound serve --supervise")?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while admin(&admin_path, "status").is_err() {
+        anyhow::ensure!(Instant::now() < deadline, "the server did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    println!(
+        "rebound demo: server (supervised) on nbd://{addr}/, admin {}",
+        admin_path.display()
+    );
+    println!("a client writes and verifies 4 KiB blocks; one fault per rung follows\n");
+
+    let load = Arc::new(Load {
+        ops: AtomicU64::new(0),
+        bad_reads: AtomicU64::new(0),
+        longest_us: AtomicU64::new(0),
+        stop: AtomicBool::new(false),
+        tracks: Mutex::new(vec![TrackState::default(); TRACKS as usize]),
+    });
+    let client = {
+        let (load, addr) = (Arc::clone(&load), addr.clone());
+        std::thread::spawn(move || run_load(&addr, &load))
+    };
+
+    struct Phase {
+        at: u64,
+        rung: &'static str,
+        fault: &'static str,
+        requests: &'static [&'static str],
+    }
+    let phases = [
+        Phase {
+            at: 3,
+            rung: "1 task",
+            fault: "panics in cache.read, failures in nvs.write",
+            requests: &[
+                "inject panic cache.read rate=0.02 count=100",
+                "inject fail nvs.write rate=0.02 count=100",
+            ],
+        },
+        Phase {
+            at: 6,
+            rung: "2 group",
+            fault: "group faults in cache (1 in 1,000 dispatches, 20 ms)",
+            requests: &["inject group-fault cache rate=0.001 duration=20ms"],
+        },
+        Phase {
+            at: 8,
+            rung: "",
+            fault: "",
+            requests: &["inject clear"],
+        },
+        Phase {
+            at: 10,
+            rung: "5 fast restart",
+            fault: "the process aborts",
+            requests: &["inject crash"],
+        },
+        Phase {
+            at: 14,
+            rung: "6 hard restart",
+            fault: "recovery box invalidated, process aborts",
+            requests: &["inject crash-damaged-box"],
+        },
+    ];
+    let end = 18;
+    let start = Instant::now();
+    let mut last_ops = 0;
+    let mut rows: Vec<(String, String, u64)> = Vec::new();
+    let mut counted_before_crash = String::new();
+    let mut current: Option<usize> = None;
+    for second in 1..=end {
+        let target = start + Duration::from_secs(second);
+        // Phases due within this second.
+        for (i, p) in phases.iter().enumerate() {
+            if p.at == second - 1 {
+                if p.rung.starts_with('5') {
+                    counted_before_crash = admin(&admin_path, "status").unwrap_or_default();
+                }
+                if let Some(c) = current.take() {
+                    rows.push((
+                        phases[c].rung.into(),
+                        phases[c].fault.into(),
+                        load.longest_us.swap(0, Ordering::Relaxed),
+                    ));
+                }
+                load.longest_us.store(0, Ordering::Relaxed);
+                for r in p.requests {
+                    // A crash request may lose its answer with the process.
+                    let _ = admin(&admin_path, r);
+                }
+                if !p.rung.is_empty() {
+                    current = Some(i);
+                }
+            }
+        }
+        std::thread::sleep(target.saturating_duration_since(Instant::now()));
+        let ops = load.ops.load(Ordering::Relaxed);
+        let note = current.map_or(String::new(), |c| {
+            format!("  [rung {}: {}]", phases[c].rung, phases[c].fault)
+        });
+        println!(
+            "{second:>4} s {:>10} ops/s{note}",
+            thousands((ops - last_ops) as f64)
+        );
+        last_ops = ops;
+    }
+    if let Some(c) = current.take() {
+        rows.push((
+            phases[c].rung.into(),
+            phases[c].fault.into(),
+            load.longest_us.swap(0, Ordering::Relaxed),
+        ));
+    }
+    load.stop.store(true, Ordering::Relaxed);
+    client
+        .join()
+        .map_err(|_| anyhow::anyhow!("the client thread panicked"))?;
+    let lost = verify(&addr, &load)?;
+    let after = admin(&admin_path, "status").unwrap_or_default();
+
+    let mut table = Table::new(&[
+        "rung",
+        "fault",
+        "recoveries",
+        "longest client wait",
+        "acknowledged writes lost",
+    ]);
+    for (rung, fault, longest) in &rows {
+        let count = match rung.split_whitespace().next() {
+            Some("1") => rung_count(&counted_before_crash, "task"),
+            Some("2") => rung_count(&counted_before_crash, "group"),
+            Some("5") => 1,
+            Some("6") => rung_count(&after, "hard-restart"),
+            _ => 0,
+        };
+        table.row(vec![
+            rung.clone(),
+            fault.clone(),
+            count.to_string(),
+            format!("{:.1} ms", *longest as f64 / 1000.0),
+            "-".into(),
+        ]);
+    }
+    table.row(vec![
+        "all".into(),
+        format!("{} tracks read back", TRACKS),
+        "".into(),
+        "".into(),
+        lost.to_string(),
+    ]);
+    println!("\n{}", table.render());
+    println!(
+        "{} requests served; {} reads returned data never written or older than acknowledged",
+        thousands(load.ops.load(Ordering::Relaxed) as f64),
+        load.bad_reads.load(Ordering::Relaxed)
+    );
+    // SAFETY: kill(2) on our own child's pid; no memory involved.
+    unsafe {
+        libc::kill(server.id() as libc::pid_t, libc::SIGTERM);
+    }
+    let _ = server.wait();
+    if args.keep {
+        let kept = dir.keep();
+        println!("scratch directory kept: {} (server.log)", kept.display());
+    }
+    let bad = load.bad_reads.load(Ordering::Relaxed);
+    Ok(if lost == 0 && bad == 0 {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::FAILURE
+    })
+}
