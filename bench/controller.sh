@@ -47,7 +47,7 @@ fi
 
 mkdir -p "$out"
 work="$(mktemp -d)"
-trap 'jobs -p | xargs -r kill 2>/dev/null || true; rm -rf "$work" /dev/shm/rebound-bench-$$.nvs' EXIT
+trap 'jobs -p | xargs -r kill 2>/dev/null || true; rm -rf "$work" /dev/shm/rebound-bench-$$.nvs /dev/shm/rebound-bench-$$.box' EXIT
 port=$((20000 + $$ % 20000))
 sed "s/^runtime=.*/runtime=$runtime/" "$job" > "$work/job.fio"
 csv="$out/controller.csv"
@@ -64,9 +64,10 @@ wait_port() {
 start() {
   case "$1" in
     rebound)
-      rm -rf "$work/rebound" /dev/shm/rebound-bench-$$.nvs
+      rm -rf "$work/rebound" /dev/shm/rebound-bench-$$.nvs /dev/shm/rebound-bench-$$.box
       "$rebound" serve --listen "127.0.0.1:$port" --data-dir "$work/rebound" \
-        --nvs /dev/shm/rebound-bench-$$.nvs ${REBOUND_FLAGS:-} 2>"$work/rebound.log" & ;;
+        --nvs /dev/shm/rebound-bench-$$.nvs --box /dev/shm/rebound-bench-$$.box \
+        ${REBOUND_FLAGS:-} 2>"$work/rebound.log" & ;;
     nbdkit-file)
       rm -f "$work/file.img"; fallocate -l 1G "$work/file.img"
       nbdkit -f -p "$port" file "$work/file.img" & ;;

@@ -208,6 +208,10 @@ fn a_second_server_cannot_take_a_live_admin_socket() {
     let out = Command::new(env!("CARGO_BIN_EXE_rebound"))
         .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
         .arg(server.dir.path().join("other"))
+        .arg("--nvs")
+        .arg(server.dir.path().join("other.nvs"))
+        .arg("--box")
+        .arg(server.dir.path().join("other.box"))
         .arg("--admin")
         .arg(&admin)
         .args([
