@@ -4,12 +4,14 @@
 //! restart) happens without an operator.
 //!
 //! The supervisor forwards SIGINT and SIGTERM to the server and exits with
-//! it after a clean shutdown. A server that exits with an error code soon
+//! it after a clean shutdown. If the supervisor itself dies, the kernel
+//! sends the server SIGTERM (`PR_SET_PDEATHSIG`): no orphan keeps the port. A server that exits with an error code soon
 //! after starting (a bad configuration, a busy port) is not restarted: that
 //! would only repeat the error. More than [`RESTARTS_PER_MINUTE_MAX`]
 //! restarts within a minute also stop the supervisor.
 
 use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
 use std::process::{Command, ExitCode};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,10 +41,27 @@ pub fn run(config: &Config) -> anyhow::Result<ExitCode> {
     let mut restarts: Vec<Instant> = Vec::new();
     loop {
         let started = Instant::now();
-        let mut child = Command::new(&exe)
-            .args(&args)
-            .spawn()
-            .context("starting the server process")?;
+        let supervisor = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
+        let mut command = Command::new(&exe);
+        command.args(&args);
+        // SAFETY: the closure runs in the forked child before exec and only
+        // makes async-signal-safe system calls (prctl, getppid, _exit). It
+        // asks the kernel to SIGTERM the server when the supervisor dies
+        // (even by SIGKILL), so a dead supervisor never leaves an orphaned
+        // server holding the port, NVS and box; if the supervisor is
+        // already gone, the child exits at once.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if libc::getppid() != supervisor {
+                    libc::_exit(1);
+                }
+                Ok(())
+            });
+        }
+        let mut child = command.spawn().context("starting the server process")?;
         eprintln!(
             "rebound supervisor: server pid {} (admin {})",
             child.id(),

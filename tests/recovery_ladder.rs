@@ -333,3 +333,25 @@ fn qemu_io_with_reconnect_delay_rides_through_server_kills_without_an_error() {
     );
     eprintln!("qemu-io rode through {kills} kills");
 }
+
+#[test]
+fn a_killed_supervisor_takes_its_server_down() {
+    let port = free_port().to_string();
+    let listen = format!("127.0.0.1:{port}");
+    let mut server = Server::start("16M", &["--supervise", "--listen", &listen]);
+    assert!(server.admin("status").is_ok());
+    server.kill9();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(&listen).is_ok() {
+        assert!(
+            Instant::now() < deadline,
+            "the server outlived its supervisor:\n{}",
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        server.admin("status").is_err(),
+        "no orphan answers on the admin socket"
+    );
+}
