@@ -45,6 +45,9 @@ pub enum Fault {
     /// Faults per dispatch of a recovery group, each recovery taking
     /// --duration (rung 2; the scheduling paper's emulation).
     GroupFault,
+    /// Damage the check word of the cache frame holding --track (rung 1:
+    /// the next read rebuilds it from NVS or the device).
+    CorruptFrame,
     /// Abort the server process (rung 5 at the next start).
     Crash,
     /// Invalidate the recovery box, then abort (rung 6 at the next start).
@@ -69,6 +72,9 @@ pub struct InjectArgs {
     /// Recovery group (group-fault): host, cache, nvs, device, destage, background.
     #[arg(long, value_name = "G")]
     group: Option<String>,
+    /// Track (4 KiB unit of the volume) whose cache frame to damage (corrupt-frame).
+    #[arg(long, value_name = "N")]
+    track: Option<u64>,
     /// Probability per evaluation or dispatch [default: 1 at a point, 1e-4 for a group].
     #[arg(long, value_name = "P")]
     rate: Option<f64>,
@@ -99,6 +105,10 @@ impl InjectArgs {
             }
             Fault::GroupFault => {
                 line += &format!("group-fault {}", needs(&self.group, "--group G")?);
+            }
+            Fault::CorruptFrame => {
+                let t = self.track.map(|t| t.to_string());
+                line += &format!("corrupt-frame {}", needs(&t, "--track N")?);
             }
             Fault::Crash => line += "crash",
             Fault::CrashDamagedBox => line += "crash-damaged-box",

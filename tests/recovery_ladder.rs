@@ -104,6 +104,39 @@ fn a_failure_at_every_stage_is_recovered_at_rung_1_with_no_client_error() {
 }
 
 #[test]
+fn a_cache_frame_failing_its_check_word_is_rebuilt_at_rung_1() {
+    let server = Server::start("16M", &[]);
+    let uri = server.uri();
+    let target = ["-f", "raw", uri.as_str()];
+    // Track 10 (offset 40 KiB): written, then read, so a frame caches it.
+    qemu_io(
+        &target,
+        &["write -P 0x3c 40k 4k".into(), "read -P 0x3c 40k 4k".into()],
+    );
+    let err = server.admin("inject corrupt-frame 999").unwrap_err();
+    assert!(err.contains("not in the read cache"), "{err}");
+    assert!(
+        server
+            .admin("inject corrupt-frame x")
+            .unwrap_err()
+            .contains("not a track number")
+    );
+    let answer = server.admin("inject corrupt-frame 10").unwrap();
+    assert!(answer.contains("damaged"), "{answer}");
+    // The damaged frame is never served: the read rebuilds it.
+    qemu_io(
+        &target,
+        &["read -P 0x3c 40k 4k".into(), "read -P 0x3c 40k 4k".into()],
+    );
+    let status = server.admin("status").unwrap();
+    assert_eq!(rung_count(&status, "task"), 1, "{status}");
+    assert!(
+        status.contains("track 10 failed its check word"),
+        "{status}"
+    );
+}
+
+#[test]
 fn more_consecutive_failures_than_the_redrive_bound_fail_the_request_and_lose_nothing() {
     let server = Server::start("16M", &[]);
     let uri = server.uri();

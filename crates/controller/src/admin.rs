@@ -16,6 +16,7 @@
 //! | `inject fail POINT [rate=P] [count=N]` | arm it to fail with a state error (rung 1) |
 //! | `inject delay POINT duration=D [rate=P] [count=N]` | arm it to stall (a task past its deadline) |
 //! | `inject group-fault GROUP [rate=P] [duration=D]` | the scheduling paper's emulation: a fault per dispatch of GROUP with probability P, each recovery taking D (rung 2); `rate=0` stops it |
+//! | `inject corrupt-frame TRACK` | damage the check word of the cache frame holding TRACK (4 KiB units): the next read rebuilds it (rung 1) |
 //! | `inject crash` | abort the process (rung 5 at the next start) |
 //! | `inject crash-damaged-box` | invalidate the recovery box, then abort (rung 6 at the next start) |
 //! | `inject clear` | disarm every fault point and group injection |
@@ -320,6 +321,20 @@ fn inject(words: &[&str], ctl: &Controller) -> Result<String, String> {
                 "group {group}: fault probability {rate} per dispatch, recovery {duration:?} each\n"
             ))
         }
+        ["corrupt-frame", track] => {
+            let t: u64 = track
+                .parse()
+                .map_err(|_| format!("corrupt-frame TRACK: {track:?} is not a track number"))?;
+            if ctl.cache.damage_frame(t) {
+                Ok(format!(
+                    "damaged the check word of the frame caching track {t}\n"
+                ))
+            } else {
+                Err(format!(
+                    "track {t} is not in the read cache (read it first)"
+                ))
+            }
+        }
         ["crash"] => Ok("crashing now\n".into()),
         ["crash-damaged-box"] => Ok("invalidating the recovery box and crashing now\n".into()),
         ["clear"] => {
@@ -334,7 +349,7 @@ fn inject(words: &[&str], ctl: &Controller) -> Result<String, String> {
                 .into(),
         ),
         [other, ..] => Err(format!(
-            "unknown fault {other:?} (or missing its argument); faults: panic POINT, fail POINT, delay POINT, group-fault GROUP, crash, crash-damaged-box, clear"
+            "unknown fault {other:?} (or missing its argument); faults: panic POINT, fail POINT, delay POINT, group-fault GROUP, corrupt-frame TRACK, crash, crash-damaged-box, clear"
         )),
     }
 }

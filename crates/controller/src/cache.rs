@@ -233,7 +233,13 @@ pub struct Cache {
     stats: CacheStats,
     frames: usize,
     journal: Option<Arc<dyn DirtyJournal>>,
+    /// Told of every frame rebuilt after failing its check word (rung 1).
+    rebuild_hook: std::sync::OnceLock<RebuildHook>,
 }
+
+/// Called with the track whose frame failed its check word and was dropped
+/// to be rebuilt from its NVS record or the device.
+pub type RebuildHook = Box<dyn Fn(u64) + Send + Sync>;
 
 impl std::fmt::Debug for Cache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -277,6 +283,7 @@ impl Cache {
             stats: CacheStats::default(),
             frames: per_shard * CACHE_SHARDS,
             journal,
+            rebuild_hook: std::sync::OnceLock::new(),
         }
     }
 
@@ -335,6 +342,9 @@ impl Cache {
             self.stats.frames_rebuilt.fetch_add(1, Ordering::Relaxed);
             shard.drop_frame(track);
             shard.epoch += 1;
+            if let Some(hook) = self.rebuild_hook.get() {
+                hook(track);
+            }
         }
         let record = e.dirty.or(e.destaging);
         match record {
@@ -621,6 +631,11 @@ impl Cache {
             }
         }
         any
+    }
+
+    /// Install the rebuild hook (once; later calls are ignored).
+    pub fn set_rebuild_hook(&self, hook: RebuildHook) {
+        let _ = self.rebuild_hook.set(hook);
     }
 
     /// Corrupt the check word of the frame caching `track`, if any (fault

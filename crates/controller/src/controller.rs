@@ -115,7 +115,7 @@ pub struct Controller {
     pub(crate) timer: Timer,
     pub(crate) stopping: AtomicBool,
     /// Every recovery the controller performed.
-    pub(crate) recoveries: RecoveryLog,
+    pub(crate) recoveries: Arc<RecoveryLog>,
     startup: StartupReport,
 }
 
@@ -291,7 +291,7 @@ impl Controller {
             export,
             groups,
             stopping: AtomicBool::new(false),
-            recoveries: RecoveryLog::default(),
+            recoveries: Arc::default(),
             startup: StartupReport {
                 kind,
                 scan,
@@ -304,6 +304,19 @@ impl Controller {
                 tracks = replayed_tracks,
                 "replayed dirty tracks from the NVS"
             );
+        }
+        {
+            // Rung 1: a cache control block failing its check word is
+            // dropped and rebuilt from its NVS record or the device.
+            let log = Arc::clone(&ctl.recoveries);
+            ctl.cache.set_rebuild_hook(Box::new(move |track| {
+                log.record(
+                    Rung::Task,
+                    format!("cache frame of track {track} failed its check word; rebuilt from NVS or device"),
+                    Duration::ZERO,
+                    1,
+                );
+            }));
         }
         match &ctl.startup.kind {
             RestartKind::Fresh => {}
