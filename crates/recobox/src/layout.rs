@@ -180,7 +180,7 @@ pub(crate) fn put_u64(b: &mut [u8], at: usize, v: u64) {
 }
 
 pub(crate) fn crc(b: &[u8]) -> u32 {
-    crc32c::crc32c(b)
+    crate::checksum::crc32c(b)
 }
 
 /// Order the stores before this point before the stores after it, for an

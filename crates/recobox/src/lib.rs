@@ -75,6 +75,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod backing;
+mod checksum;
 #[cfg(test)]
 mod crash_tests;
 mod error;
