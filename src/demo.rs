@@ -189,11 +189,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<std::process::ExitCode> {
         .stderr(log)
         .spawn()
         .context("starting rebound serve --supervise")?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while admin(&admin_path, "status").is_err() {
-        anyhow::ensure!(Instant::now() < deadline, "the server did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    crate::admin_cmd::wait_ready(&admin_path, Duration::from_secs(30))?;
     println!(
         "rebound demo: server (supervised) on nbd://{addr}/, admin {}",
         admin_path.display()

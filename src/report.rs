@@ -109,6 +109,15 @@ pub fn register_font() -> anyhow::Result<()> {
     result.clone().map_err(|e| anyhow::anyhow!(e))
 }
 
+/// Series colours of every plot, in order.
+const PALETTE: [RGBColor; 5] = [
+    RGBColor(54, 110, 180),
+    RGBColor(214, 96, 77),
+    RGBColor(90, 160, 90),
+    RGBColor(150, 110, 190),
+    RGBColor(200, 150, 40),
+];
+
 /// One panel of a grouped bar chart: for each category, one bar per series.
 #[derive(Debug)]
 pub struct BarPanel {
@@ -134,12 +143,7 @@ pub fn bar_chart_png(path: &Path, title: &str, panels: &[BarPanel]) -> anyhow::R
     let (head, body) = root.split_vertically(40);
     head.titled(title, ("sans-serif", 24))?;
     let areas = body.split_evenly((1, panels.len()));
-    let palette = [
-        RGBColor(54, 110, 180),
-        RGBColor(214, 96, 77),
-        RGBColor(90, 160, 90),
-        RGBColor(150, 110, 190),
-    ];
+    let palette = PALETTE;
     for (area, panel) in areas.iter().zip(panels) {
         let max = panel
             .series
@@ -258,13 +262,7 @@ pub fn line_chart_png(
         .y_label_formatter(&|v| thousands(v.round()))
         .label_style(("sans-serif", 14))
         .draw()?;
-    let palette = [
-        RGBColor(54, 110, 180),
-        RGBColor(214, 96, 77),
-        RGBColor(90, 160, 90),
-        RGBColor(150, 110, 190),
-        RGBColor(200, 150, 40),
-    ];
+    let palette = PALETTE;
     for (i, (name, pts)) in series.iter().enumerate() {
         let color = palette[i % palette.len()];
         chart

@@ -198,6 +198,18 @@ fn mean(v: impl Iterator<Item = f64>) -> f64 {
     if n == 0 { 0.0 } else { s / f64::from(n) }
 }
 
+/// The good-path mean of the 100 ms intervals before the fault (0.3 s
+/// trimmed at both ends), and the worst of them (the host's own noise).
+fn baseline(series: &[(f64, f64)], fault_at: f64) -> (f64, f64) {
+    let pre = || {
+        series
+            .iter()
+            .filter(|(s, _)| *s < -0.3 && *s > -fault_at + 0.3)
+            .map(|p| p.1)
+    };
+    (mean(pre()), pre().fold(f64::INFINITY, f64::min))
+}
+
 /// An injected fault held for the window.
 fn injected_case(
     name: &'static str,
@@ -227,14 +239,7 @@ fn injected_case(
         .into_iter()
         .map(|(s, v)| (s - fault_at, v))
         .collect();
-    let pre = || {
-        series
-            .iter()
-            .filter(|(s, _)| *s < -0.3 && *s > -fault_at + 0.3)
-            .map(|p| p.1)
-    };
-    let good = mean(pre());
-    let noise = pre().fold(f64::INFINITY, f64::min);
+    let (good, noise) = baseline(&series, fault_at);
     let window_end = t.window.as_secs_f64() + 0.3;
     let during: Vec<f64> = series
         .iter()
@@ -302,14 +307,7 @@ fn kill_case(
         .filter(|(s, _)| *s <= fault_at)
         .map(|(s, v)| (s - fault_at, *v))
         .collect();
-    let pre = || {
-        series
-            .iter()
-            .filter(|(s, _)| *s < -0.3 && *s > -fault_at + 0.3)
-            .map(|p| p.1)
-    };
-    let good = mean(pre());
-    let noise = pre().fold(f64::INFINITY, f64::min);
+    let (good, noise) = baseline(&series, fault_at);
     series.push((0.0, 0.0));
     let offset = started_fio.as_secs_f64();
     let post = iops_series(&after)?;

@@ -114,14 +114,7 @@ fn one(
         .spawn()
         .context("starting rebound serve")?;
     let admin = dir.path().join("data").join("admin.sock");
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while controller::admin::request(&admin, "status").is_err() {
-        anyhow::ensure!(
-            std::time::Instant::now() < deadline,
-            "the server did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    crate::admin_cmd::wait_ready(&admin, Duration::from_secs(30))?;
     if bad {
         controller::admin::request(&admin, "inject group-fault cache rate=0.0001 duration=20ms")
             .map_err(anyhow::Error::msg)?;
