@@ -48,6 +48,12 @@ pub enum Fault {
     /// Damage the check word of the cache frame holding --track (rung 1:
     /// the next read rebuilds it from NVS or the device).
     CorruptFrame,
+    /// Run an in-process system recovery now (rung 4: quiesce, rebuild
+    /// from the recovery box, redrive; connections stay up).
+    System,
+    /// Invalidate the recovery box and stop keeping it (rung 4 then
+    /// rebuilds from an NVS scan; the next start is a hard restart).
+    AbandonBox,
     /// Abort the server process (rung 5 at the next start).
     Crash,
     /// Invalidate the recovery box, then abort (rung 6 at the next start).
@@ -110,6 +116,8 @@ impl InjectArgs {
                 let t = self.track.map(|t| t.to_string());
                 line += &format!("corrupt-frame {}", needs(&t, "--track N")?);
             }
+            Fault::System => line += "system",
+            Fault::AbandonBox => line += "abandon-box",
             Fault::Crash => line += "crash",
             Fault::CrashDamagedBox => line += "crash-damaged-box",
             Fault::Clear => line += "clear",

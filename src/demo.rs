@@ -9,6 +9,7 @@
 //! |---|---|---|
 //! | 3 s | panics in `cache.read`, failures in `nvs.write` | 1: the failed stage's request is redriven |
 //! | 6 s | the scheduling paper's fault emulation in the cache group, for 2 s | 2: group recovery |
+//! | 8 s | a write fails inside `cache.apply` (escalated), and one more on request | 4: in-process system recovery, connections up |
 //! | 10 s | the process aborts | 5: fast restart from the recovery box (by the supervisor) |
 //! | 14 s | the recovery box is invalidated, then the process aborts | 6: hard restart from an NVS scan |
 //!
@@ -232,9 +233,13 @@ pub fn run(args: DemoArgs) -> anyhow::Result<std::process::ExitCode> {
         },
         Phase {
             at: 8,
-            rung: "",
-            fault: "",
-            requests: &["inject clear"],
+            rung: "4 system",
+            fault: "a write fails inside cache.apply; one more on request",
+            requests: &[
+                "inject clear",
+                "inject panic cache.apply.track count=1",
+                "inject system",
+            ],
         },
         Phase {
             at: 10,
@@ -316,6 +321,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<std::process::ExitCode> {
         let count = match rung.split_whitespace().next() {
             Some("1") => rung_count(&counted_before_crash, "task"),
             Some("2") => rung_count(&counted_before_crash, "group"),
+            Some("4") => rung_count(&counted_before_crash, "system"),
             Some("5") => 1,
             Some("6") => rung_count(&after, "hard-restart"),
             _ => 0,

@@ -140,16 +140,19 @@ impl Ledger {
 /// Writes in flight: cookie -> (track, version) per track written.
 type InFlight = HashMap<u64, Vec<(u64, u64)>>;
 
-/// Write until the connection breaks (the kill); returns the writes issued.
+/// Write until the connection breaks (the kill) or `stop` is set (then
+/// every write in flight is answered first); returns the writes issued and
+/// whether the connection broke.
 fn write_until_killed(
     addr: &str,
     ledger: &Arc<Mutex<Ledger>>,
     next_version: &mut u64,
     seed: u64,
-) -> u64 {
+    stop: &AtomicBool,
+) -> (u64, bool) {
     // The kill may land before the handshake completes: nothing issued.
     let Some(r) = Raw::try_go(addr) else {
-        return 0;
+        return (0, true);
     };
     let mut tx = r.s.try_clone().unwrap();
     let mut rx = r.s;
@@ -180,6 +183,13 @@ fn write_until_killed(
     let mut issued = 0;
     let mut cookie = 0u64;
     while !done.load(Ordering::SeqCst) {
+        if stop.load(Ordering::SeqCst) {
+            if cookies.lock().unwrap().is_empty() {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+            continue;
+        }
         if cookies.lock().unwrap().len() >= 16 {
             std::thread::sleep(Duration::from_micros(50));
             continue;
@@ -215,9 +225,10 @@ fn write_until_killed(
         }
         issued += 1;
     }
+    let broke = done.load(Ordering::SeqCst);
     let _ = tx.shutdown(std::net::Shutdown::Both);
     reader.join().unwrap();
-    issued
+    (issued, broke)
 }
 
 /// After a restart: every track holds a version real-time order allows.
@@ -284,7 +295,8 @@ fn crash_loop(kills: u32, box_damage: BoxDamage) {
             let mut v = next_version;
             let seed = rng;
             std::thread::spawn(move || {
-                let n = write_until_killed(&addr, &ledger, &mut v, seed);
+                let (n, _) =
+                    write_until_killed(&addr, &ledger, &mut v, seed, &AtomicBool::new(false));
                 (n, v)
             })
         };
@@ -335,4 +347,76 @@ fn acknowledged_writes_survive_repeated_sigkill_with_fast_restart() {
 #[test]
 fn acknowledged_writes_survive_sigkill_when_the_recovery_box_is_damaged() {
     crash_loop(kills(100), BoxDamage::Damage);
+}
+
+/// Rung 4 under load: one connection writes throughout while the server
+/// runs system recoveries, on request, after a write fails in the middle of
+/// `cache.apply` (escalated: no task-level redrive is safe there), and with
+/// the recovery box abandoned (rebuilt from an NVS scan). The connection
+/// never breaks, no write is answered with an error, and every track then
+/// holds a version real-time order allows.
+#[test]
+fn acknowledged_writes_survive_system_recoveries_with_the_connection_up() {
+    let server = Server::start("4M", &["--cache-size", "256K", "--workers", "2"]);
+    let ledger = Arc::new(Mutex::new(Ledger::default()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (ledger, addr, stop) = (Arc::clone(&ledger), server.addr.clone(), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut v = 0;
+            write_until_killed(&addr, &ledger, &mut v, 0x5eed, &stop)
+        })
+    };
+    let rounds = 30;
+    let mut injected = 0;
+    let mut escalations = 0;
+    for round in 0..rounds {
+        std::thread::sleep(Duration::from_millis(20));
+        if round == rounds / 2 {
+            let answer = server.admin("inject abandon-box").unwrap();
+            assert!(answer.contains("invalidated"), "{answer}");
+        }
+        if round % 3 == 2 {
+            server
+                .admin("inject panic cache.apply.track count=1")
+                .unwrap();
+            escalations += 1;
+            continue;
+        }
+        let answer = server.admin("inject system").unwrap();
+        assert!(answer.contains("rung 4 system recovery"), "{answer}");
+        eprintln!("{}", answer.trim());
+        if round >= rounds / 2 {
+            assert!(answer.contains("NVS scan"), "{answer}");
+        } else {
+            assert!(answer.contains("from the recovery box"), "{answer}");
+        }
+        injected += 1;
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    stop.store(true, Ordering::SeqCst);
+    let (issued, broke) = writer.join().unwrap();
+    assert!(!broke, "the connection broke during system recoveries");
+    assert!(issued > 0, "the client never got to write");
+    let status = server.admin("status").unwrap();
+    let system = status
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some("system"))
+        .and_then(|l| l.split_whitespace().nth(2))
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no rung 4 count in status:\n{status}"));
+    assert!(
+        system >= injected && system <= injected + escalations,
+        "{injected} injected and up to {escalations} escalated system recoveries, status says {system}:\n{status}"
+    );
+    assert!(
+        system > injected,
+        "no write failing inside cache.apply escalated:\n{status}"
+    );
+    let checked = verify(&server.addr, &mut ledger.lock().unwrap());
+    eprintln!(
+        "{system} system recoveries, {issued} writes issued, {checked} acknowledged tracks verified"
+    );
+    assert!(checked > 0, "nothing was verified");
+    assert!(!server.log().contains("answering EIO"), "no request failed");
 }

@@ -10,6 +10,7 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::raw::{self, Raw};
 use common::{Server, free_port, tool};
 
 /// Run qemu-io commands against `uri`; panics with the output on any
@@ -137,25 +138,104 @@ fn a_cache_frame_failing_its_check_word_is_rebuilt_at_rung_1() {
 }
 
 #[test]
-fn more_consecutive_failures_than_the_redrive_bound_fail_the_request_and_lose_nothing() {
+fn a_request_failing_past_its_redrive_bound_escalates_to_rung_4_once_then_fails_losing_nothing() {
     let server = Server::start("16M", &[]);
     let uri = server.uri();
     let target = ["-f", "raw", uri.as_str()];
     qemu_io(&target, &["write -P 0x55 0 64k".into()]);
+    // Four failures in a row: the first and three redrives (rung 1), then
+    // a system recovery (rung 4) redrives it once more, and it succeeds.
     server.admin("inject panic nvs.write count=4").unwrap();
+    qemu_io(
+        &target,
+        &["write -P 0x66 0 64k".into(), "read -P 0x66 0 64k".into()],
+    );
+    let status = server.admin("status").unwrap();
+    assert_eq!(rung_count(&status, "task"), 3, "{status}");
+    assert_eq!(rung_count(&status, "system"), 1, "{status}");
+    // Five: rung 4 is tried once per request; the fifth failure is EIO.
+    server.admin("inject panic nvs.write count=5").unwrap();
     let out = Command::new(tool("qemu-io"))
         .args(target)
-        .args(["-c", "write -P 0x66 0 64k"])
+        .args(["-c", "write -P 0x77 0 64k"])
         .output()
         .unwrap();
     let text =
         String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("Input/output error"),
-        "the fourth failure is not redriven: {text}"
+        "the failure after rung 4 is not redriven again: {text}"
     );
     // The failed write changed nothing; the old data is intact.
-    qemu_io(&target, &["read -P 0x55 0 64k".into()]);
+    qemu_io(&target, &["read -P 0x66 0 64k".into()]);
+    let status = server.admin("status").unwrap();
+    assert_eq!(rung_count(&status, "system"), 2, "{status}");
+}
+
+#[test]
+fn a_write_failing_inside_cache_apply_is_recovered_at_rung_4_on_the_same_connection() {
+    let server = Server::start("16M", &[]);
+    let mut c = Raw::go(&server.addr);
+    let write = |c: &mut Raw, cookie: u64, byte: u8| {
+        c.request(raw::CMD_WRITE, 0, cookie, 8192, 8192);
+        c.send(&[byte; 8192]);
+        let (got, error, _) = c.simple_reply(0);
+        assert_eq!((got, error), (cookie, 0), "write {cookie} failed");
+    };
+    write(&mut c, 1, 0xa1);
+    // The second write panics after its first track entered the directory:
+    // the write is partly applied, so rung 1 may not redrive it.
+    server
+        .admin("inject panic cache.apply.track count=1")
+        .unwrap();
+    write(&mut c, 2, 0xb2);
+    c.request(raw::CMD_READ, 0, 3, 8192, 8192);
+    let (_, error, data) = c.simple_reply(8192);
+    assert_eq!(error, 0);
+    assert!(
+        data.iter().all(|&b| b == 0xb2),
+        "the redriven write landed whole"
+    );
+    let status = server.admin("status").unwrap();
+    assert_eq!(rung_count(&status, "task"), 0, "{status}");
+    assert_eq!(rung_count(&status, "system"), 1, "{status}");
+    assert!(status.contains("failed in cache.apply"), "{status}");
+    // The connection is still the same one, and serves on.
+    write(&mut c, 4, 0xc3);
+    assert!(!server.log().contains("answering EIO"), "no request failed");
+}
+
+#[test]
+fn system_recovery_rebuilds_from_the_box_or_an_nvs_scan_and_the_data_survives() {
+    let server = Server::start("16M", &[]);
+    let uri = server.uri();
+    let target = ["-f", "raw", uri.as_str()];
+    qemu_io(&target, &["write -P 0x21 0 1M".into()]);
+    let answer = server.admin("inject system").unwrap();
+    assert!(answer.contains("from the recovery box"), "{answer}");
+    qemu_io(&target, &["read -P 0x21 0 1M".into()]);
+    assert!(
+        server
+            .admin("inject abandon-box")
+            .unwrap()
+            .contains("invalidated")
+    );
+    let answer = server.admin("inject system").unwrap();
+    assert!(answer.contains("from an NVS scan"), "{answer}");
+    qemu_io(
+        &target,
+        &[
+            "read -P 0x21 0 1M".into(),
+            "write -P 0x22 1M 1M".into(),
+            "read -P 0x22 1M 1M".into(),
+        ],
+    );
+    let status = server.admin("status").unwrap();
+    assert_eq!(rung_count(&status, "system"), 2, "{status}");
+    assert!(
+        status.contains("abandoned (next restart is hard)"),
+        "{status}"
+    );
 }
 
 #[test]

@@ -17,13 +17,17 @@
 //! | `inject delay POINT duration=D [rate=P] [count=N]` | arm it to stall (a task past its deadline) |
 //! | `inject group-fault GROUP [rate=P] [duration=D]` | the scheduling paper's emulation: a fault per dispatch of GROUP with probability P, each recovery taking D (rung 2); `rate=0` stops it |
 //! | `inject corrupt-frame TRACK` | damage the check word of the cache frame holding TRACK (4 KiB units): the next read rebuilds it (rung 1) |
+//! | `inject system` | run a system-level recovery now (rung 4: quiesce, rebuild from the recovery box, redrive; connections stay up); answers with its report |
+//! | `inject abandon-box` | invalidate the recovery box and stop keeping it (a corrupt box: rung 4 rebuilds from an NVS scan, the next start is a hard restart) |
 //! | `inject crash` | abort the process (rung 5 at the next start) |
 //! | `inject crash-damaged-box` | invalidate the recovery box, then abort (rung 6 at the next start) |
 //! | `inject clear` | disarm every fault point and group injection |
 //!
 //! Fault points: `host.receive`, `cache.read`, `device.read`, `nvs.write`,
 //! `cache.apply`, `device.fua`, `device.flush`, `device.zero`,
-//! `host.reply` (see [`datapath`](crate::datapath)). Defaults: `rate=1`,
+//! `host.reply` at stage entries (rung 1), and `cache.apply.track` inside
+//! `cache.apply` after each track enters the directory (not provably safe
+//! to redrive: rung 4); see [`datapath`](crate::datapath). Defaults: `rate=1`,
 //! `count=1` for fault points; `rate=1e-4`, `duration=20ms` for
 //! group faults (the paper's numbers).
 
@@ -43,12 +47,13 @@ use crate::controller::Controller;
 pub const REQUEST_BYTES_MAX: usize = 1024;
 
 /// Fault points of the data path.
-pub const FAULT_POINTS: [&str; 9] = [
+pub const FAULT_POINTS: [&str; 10] = [
     "host.receive",
     "cache.read",
     "device.read",
     "nvs.write",
     "cache.apply",
+    "cache.apply.track",
     "device.fua",
     "device.flush",
     "device.zero",
@@ -170,7 +175,7 @@ fn crash(ctl: &Controller, damage_box: bool) -> ! {
 }
 
 /// Run one request; the answer's text (after `ok`) or why it was refused.
-pub fn execute(request: &str, ctl: &Controller) -> Result<String, String> {
+pub fn execute(request: &str, ctl: &Arc<Controller>) -> Result<String, String> {
     let words: Vec<&str> = request.split_whitespace().collect();
     match words.as_slice() {
         ["status"] => Ok(status(ctl)),
@@ -278,7 +283,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(secs))
 }
 
-fn inject(words: &[&str], ctl: &Controller) -> Result<String, String> {
+fn inject(words: &[&str], ctl: &Arc<Controller>) -> Result<String, String> {
     match words {
         [kind @ ("panic" | "fail" | "delay"), point, opts @ ..] => {
             if !FAULT_POINTS.contains(point) {
@@ -335,6 +340,14 @@ fn inject(words: &[&str], ctl: &Controller) -> Result<String, String> {
                 ))
             }
         }
+        ["system"] => ctl
+            .system_recover("injected through the admin socket")
+            .map(|report| format!("{report}\n"))
+            .map_err(|e| e.to_string()),
+        ["abandon-box"] => {
+            ctl.journal.abandon();
+            Ok("recovery box invalidated: rung 4 now rebuilds from an NVS scan, and the next start is a hard restart\n".into())
+        }
         ["crash"] => Ok("crashing now\n".into()),
         ["crash-damaged-box"] => Ok("invalidating the recovery box and crashing now\n".into()),
         ["clear"] => {
@@ -345,11 +358,11 @@ fn inject(words: &[&str], ctl: &Controller) -> Result<String, String> {
             Ok("every fault point and group injection disarmed\n".into())
         }
         [] => Err(
-            "inject what? faults: panic, fail, delay, group-fault, crash, crash-damaged-box, clear"
+            "inject what? faults: panic, fail, delay, group-fault, corrupt-frame, system, abandon-box, crash, crash-damaged-box, clear"
                 .into(),
         ),
         [other, ..] => Err(format!(
-            "unknown fault {other:?} (or missing its argument); faults: panic POINT, fail POINT, delay POINT, group-fault GROUP, corrupt-frame TRACK, crash, crash-damaged-box, clear"
+            "unknown fault {other:?} (or missing its argument); faults: panic POINT, fail POINT, delay POINT, group-fault GROUP, corrupt-frame TRACK, system, abandon-box, crash, crash-damaged-box, clear"
         )),
     }
 }
@@ -377,6 +390,16 @@ fn status(ctl: &Controller) -> String {
         } else {
             "abandoned (next restart is hard)"
         },
+    );
+    let _ = writeln!(
+        out,
+        "system recovery (rung 4): {}; {} requests in the pipeline",
+        if ctl.system().is_running() {
+            "RUNNING"
+        } else {
+            "idle"
+        },
+        ctl.system().in_pipeline()
     );
     let _ = writeln!(out, "\ngroups:");
     let _ = writeln!(

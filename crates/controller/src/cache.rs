@@ -633,6 +633,28 @@ impl Cache {
         any
     }
 
+    /// Rung 4: forget the whole directory and every cached copy, as a
+    /// cache just created (frame buffers stay allocated). The journal is
+    /// not told: its records are what the rebuild adopts back. Callers
+    /// quiesce first: nothing may use the cache during the reset.
+    pub fn reset(&self) {
+        for s in self.shards.iter() {
+            let mut shard = s.lock();
+            let shard = &mut *shard;
+            shard.map.clear();
+            for f in &mut shard.frames {
+                f.track = EMPTY_TRACK;
+                f.referenced = false;
+                f.lrc = 0;
+            }
+            shard.free = (0..shard.frames.len() as u32).rev().collect();
+            shard.hand = 0;
+            shard.epoch += 1;
+            shard.dirty = 0;
+        }
+        self.zeroing.write().clear();
+    }
+
     /// Install the rebuild hook (once; later calls are ignored).
     pub fn set_rebuild_hook(&self, hook: RebuildHook) {
         let _ = self.rebuild_hook.set(hook);

@@ -1,10 +1,13 @@
 //! One NBD connection: the handshake, then the transmission phase.
 //!
 //! A reader thread per connection frames requests off the socket (the host
-//! adapter's hardware, in the papers' controller): it reads a header, for a
-//! WRITE reserves the NVS slots *before* reading the payload (so a full NVS
-//! pushes back on the client through TCP, and no worker ever waits for NVS
-//! space), then submits the request to the host group.
+//! adapter's hardware, in the papers' controller): it reads a header and,
+//! for a WRITE, its payload; then, inside the admission gate of rung 4
+//! ([`crate::system`]), reserves the WRITE's NVS slots and submits the
+//! request to the host group. The reader waits for NVS space itself, before
+//! reading the next request, so a full NVS pushes back on the client through
+//! TCP and no worker ever waits for NVS space; it waits outside the gate, so
+//! a system recovery never waits behind a full NVS.
 //!
 //! Replies are written by whichever task finishes a request. Replies queue
 //! on the connection; the first writer to find no one sending becomes the
@@ -238,10 +241,11 @@ fn read_loop(conn: &Arc<Connection>, mut r: impl Read) -> Result<(), Violation> 
         }
         let mut req = Box::new(Request::new(Arc::clone(conn), header));
         conn.inflight.fetch_add(1, Ordering::AcqRel);
+        let mut slots = 0;
         if header.kind == cmd::WRITE && header.length > 0 {
             match read_write_payload(ctl, &mut req, &mut r) {
-                Ok(true) => {}
-                Ok(false) => {
+                Ok(Some(n)) => slots = n,
+                Ok(None) => {
                     // Disconnected mid-payload: nothing to answer.
                     req.abandon();
                     return Ok(());
@@ -253,17 +257,40 @@ fn read_loop(conn: &Arc<Connection>, mut r: impl Read) -> Result<(), Violation> 
                 }
             }
         }
-        datapath::submit(req);
+        admit(ctl, req, slots);
     }
 }
 
-/// Reserve NVS slots and read a WRITE's payload. `Ok(false)`: the client
-/// went away.
+/// Reserve `slots` NVS slots for `req` and submit it, inside the admission
+/// gate; wait for NVS space (kicking destage) outside it.
+fn admit(ctl: &Arc<Controller>, mut req: Box<Request>, slots: u32) {
+    loop {
+        let _admission = ctl.system.admission();
+        if slots > 0 {
+            match ctl.nvs.reserve(slots, Duration::from_millis(10)) {
+                Ok(reserved) => req.slots = reserved,
+                Err(crate::nvs::NvsError::Timeout(_)) => {
+                    drop(_admission);
+                    crate::destage::kick(ctl);
+                    continue;
+                }
+                Err(_) => {
+                    req.early_error = Some((NbdError::Shutdown, "the server is shutting down"));
+                }
+            }
+        }
+        datapath::submit(req);
+        return;
+    }
+}
+
+/// Read a WRITE's payload; the NVS slots it needs (none when it will be
+/// refused). `Ok(None)`: the client went away.
 fn read_write_payload(
     ctl: &Arc<Controller>,
     req: &mut Request,
     r: &mut impl Read,
-) -> Result<bool, Violation> {
+) -> Result<Option<u32>, Violation> {
     let len = req.header.length;
     if len > MAX_PAYLOAD_BYTES {
         if len > DISCARD_PAYLOAD_MAX {
@@ -271,7 +298,7 @@ fn read_write_payload(
         }
         let copied = std::io::copy(&mut r.take(u64::from(len)), &mut std::io::sink());
         req.early_error = Some((NbdError::Overflow, "write larger than the maximum payload"));
-        return Ok(copied.is_ok_and(|n| n == u64::from(len)));
+        return Ok(copied.is_ok_and(|n| n == u64::from(len)).then_some(0));
     }
     let aligned = (len as usize).is_multiple_of(TRACK_BYTES)
         && req.header.offset.is_multiple_of(TRACK_BYTES as u64);
@@ -280,28 +307,14 @@ fn read_write_payload(
         .offset
         .checked_add(u64::from(len))
         .is_some_and(|end| end <= ctl.export.size_bytes);
-    if aligned && in_range {
-        let n = len / TRACK_BYTES as u32;
-        loop {
-            match ctl.nvs.reserve(n, Duration::from_millis(100)) {
-                Ok(slots) => {
-                    req.slots = slots;
-                    break;
-                }
-                Err(crate::nvs::NvsError::Timeout(_)) => {
-                    crate::destage::kick(ctl);
-                }
-                Err(_) => {
-                    req.early_error = Some((NbdError::Shutdown, "the server is shutting down"));
-                    break;
-                }
-            }
-        }
-    }
     let mut payload = vec![0u8; len as usize];
     if r.read_exact(&mut payload).is_err() {
-        return Ok(false);
+        return Ok(None);
     }
     req.payload = payload;
-    Ok(true)
+    Ok(Some(if aligned && in_range {
+        len / TRACK_BYTES as u32
+    } else {
+        0
+    }))
 }

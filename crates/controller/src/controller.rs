@@ -29,6 +29,7 @@ use crate::metrics::{Gauges, Metrics};
 use crate::nbd::handshake::ExportInfo;
 use crate::nvs::{Nvs, NvsError, ScanReport};
 use crate::recovery::{RecoveryLog, Rung};
+use crate::system::{SystemError, SystemRecovery, SystemReport};
 use crate::timer::Timer;
 use crate::volume::{Volume, VolumeError};
 
@@ -116,6 +117,10 @@ pub struct Controller {
     pub(crate) stopping: AtomicBool,
     /// Every recovery the controller performed.
     pub(crate) recoveries: Arc<RecoveryLog>,
+    /// Rung 4's gate, quiesce flag and parked requests.
+    pub(crate) system: SystemRecovery,
+    /// What the recovery box describes (checked again by rung 4).
+    pub(crate) identity: VolumeIdentity,
     startup: StartupReport,
 }
 
@@ -292,6 +297,8 @@ impl Controller {
             groups,
             stopping: AtomicBool::new(false),
             recoveries: Arc::default(),
+            system: SystemRecovery::default(),
+            identity,
             startup: StartupReport {
                 kind,
                 scan,
@@ -336,6 +343,18 @@ impl Controller {
         crate::destage::start_tick(&ctl);
         crate::destage::kick(&ctl);
         Ok(ctl)
+    }
+
+    /// Rung 4: quiesce, rebuild the in-memory state from the recovery box
+    /// (or an NVS scan) and redrive the requests in flight, in process;
+    /// connections stay up. Runs on the calling thread (not a worker).
+    pub fn system_recover(self: &Arc<Self>, cause: &str) -> Result<SystemReport, SystemError> {
+        crate::system::recover(self, cause)
+    }
+
+    /// Rung 4's state (requests in the pipeline, whether it runs).
+    pub fn system(&self) -> &SystemRecovery {
+        &self.system
     }
 
     /// The configuration.

@@ -90,6 +90,22 @@ pub(crate) struct Request {
     in_body: bool,
     /// Redrives so far.
     redrives: u8,
+    /// Counted in the pipeline (see [`crate::system`]).
+    counted: bool,
+    /// Escalated to rung 4 once already.
+    escalated: bool,
+    /// NVS slots to reserve before a parked write runs again.
+    reserve_on_resume: u32,
+}
+
+/// What the clean-up block of a failed request does.
+enum Redrive {
+    /// Run it again from this stage (rung 1).
+    Stage(StageRef),
+    /// No task-level redrive is provably safe: rung 4.
+    Escalate,
+    /// Answer `EIO`.
+    Fail,
 }
 
 /// A stage with its group and fault point.
@@ -141,41 +157,53 @@ impl Request {
             at: None,
             in_body: false,
             redrives: 0,
+            counted: false,
+            escalated: false,
+            reserve_on_resume: 0,
         }
     }
 
-    /// Where a redrive of this failed request may start, if anywhere.
-    fn redrive_from(&self) -> Option<StageRef> {
-        let at = self.at?;
-        if self.redrives >= MAX_REDRIVES
-            || self.early_error.is_some()
-            || self
-                .ctl()
-                .stopping
-                .load(std::sync::atomic::Ordering::SeqCst)
-        {
-            return None;
+    /// What the clean-up block does with this failed request.
+    fn redrive_from(&self) -> Redrive {
+        let Some(at) = self.at else {
+            return Redrive::Fail;
+        };
+        let ctl = self.ctl();
+        if self.early_error.is_some() || ctl.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+            return Redrive::Fail;
         }
-        if !self.in_body {
-            return Some(at);
-        }
-        let g = self.ctl().groups;
-        match self.header.kind {
-            cmd::READ => Some(stage!(g.cache, Priority::High, cache_read, "cache.read")),
-            cmd::WRITE if self.slot_state != SlotState::Applied => {
-                Some(stage!(g.nvs, Priority::High, nvs_write, "nvs.write"))
+        let g = ctl.groups;
+        let safe = if !self.in_body {
+            Some(at)
+        } else {
+            match self.header.kind {
+                cmd::READ => Some(stage!(g.cache, Priority::High, cache_read, "cache.read")),
+                // Failed inside cache.apply, the write may be partly in the
+                // directory: rewriting its slots is not safe (rung 4).
+                cmd::WRITE if self.slot_state != SlotState::Applied && at.name != "cache.apply" => {
+                    Some(stage!(g.nvs, Priority::High, nvs_write, "nvs.write"))
+                }
+                cmd::WRITE if at.name == "device.fua" => Some(at),
+                cmd::FLUSH => Some(at),
+                _ => None,
             }
-            cmd::WRITE if at.name == "device.fua" => Some(at),
-            cmd::FLUSH => Some(at),
-            _ => None,
+        };
+        match safe {
+            // While a system recovery quiesces, the request is parked (it
+            // does not count as a redrive).
+            Some(from) if self.redrives < MAX_REDRIVES || ctl.system.is_quiescing() => {
+                Redrive::Stage(from)
+            }
+            _ if !self.escalated => Redrive::Escalate,
+            _ => Redrive::Fail,
         }
     }
 
-    /// The clean-up block's rung-1 recovery: hand the request's state to a
-    /// new task at `from`.
-    fn redrive(&mut self, from: StageRef) {
-        let ctl = Arc::clone(self.ctl());
-        let mut req = Box::new(Request {
+    /// Move the request's state into a new request that will run from
+    /// `from` (the clean-up block cannot move `self`).
+    fn successor(&mut self, from: StageRef) -> Box<Request> {
+        let counted = std::mem::replace(&mut self.counted, false);
+        Box::new(Request {
             conn: Arc::clone(&self.conn),
             header: self.header,
             payload: std::mem::take(&mut self.payload),
@@ -188,17 +216,33 @@ impl Request {
                 self.slot_state
             },
             data: std::mem::take(&mut self.data),
-            misses: std::mem::take(&mut self.misses),
+            misses: if from.name == "cache.read" {
+                Vec::new()
+            } else {
+                std::mem::take(&mut self.misses)
+            },
             received: self.received,
             early_error: None,
             replied: false,
             at: Some(from),
             in_body: false,
-            redrives: self.redrives + 1,
-        });
-        if from.name == "cache.read" {
-            req.misses.clear();
+            redrives: self.redrives,
+            counted,
+            escalated: self.escalated,
+            reserve_on_resume: 0,
+        })
+    }
+
+    /// The clean-up block's rung-1 recovery: hand the request's state to a
+    /// new task at `from` (or park it, if a system recovery is quiescing).
+    fn redrive(&mut self, from: StageRef) {
+        let ctl = Arc::clone(self.ctl());
+        let mut req = self.successor(from);
+        if ctl.system.is_quiescing() {
+            ctl.system.park(req);
+            return;
         }
+        req.redrives += 1;
         tracing::info!(
             cookie = self.header.cookie,
             failed_in = self.at.map_or("?", |a| a.name),
@@ -226,6 +270,80 @@ impl Request {
             // in it, was dropped and its clean-up block has answered.
             tracing::warn!(error = %e, "redrive refused by the task runtime");
         }
+    }
+
+    /// The clean-up block's escalation: no task-level redrive is provably
+    /// safe (or the bound is spent), so the request is parked and a system
+    /// recovery (rung 4) rebuilds the controller's state before it runs
+    /// again.
+    fn escalate(&mut self) {
+        let ctl = Arc::clone(self.ctl());
+        let at = self.at.expect("escalated requests have a stage");
+        let cause = format!(
+            "{} {} failed in {} after {} redrives; no task-level recovery is provably safe",
+            if self.header.kind == cmd::WRITE {
+                "a WRITE"
+            } else {
+                "a request"
+            },
+            self.header.cookie,
+            at.name,
+            self.redrives
+        );
+        // The stage is only a placeholder: parking picks the real one.
+        let mut req = self.successor(at);
+        req.escalated = true;
+        req.slot_state = self.slot_state;
+        ctl.system.park(req);
+        crate::system::escalate(&ctl, cause);
+    }
+
+    /// Before parking (rung 4): decide where the request runs again once
+    /// the controller's state is rebuilt, and let go of what the rebuild
+    /// decides anew (NVS slots, staged data).
+    pub(crate) fn prepare_to_park(&mut self) {
+        if std::mem::replace(&mut self.counted, false) {
+            self.ctl().system.left();
+        }
+        let Some(at) = self.at else { return };
+        let g = self.ctl().groups;
+        let from_start = at.name == "host.receive";
+        let resume = match self.header.kind {
+            _ if from_start => at,
+            cmd::READ => stage!(g.cache, Priority::High, cache_read, "cache.read"),
+            cmd::WRITE if self.slot_state != SlotState::Applied => {
+                stage!(g.nvs, Priority::High, nvs_write, "nvs.write")
+            }
+            cmd::FLUSH => stage!(g.device, Priority::Medium, flush, "device.flush"),
+            cmd::TRIM | cmd::WRITE_ZEROES => {
+                stage!(g.device, Priority::Medium, zero, "device.zero")
+            }
+            _ => at,
+        };
+        if self.header.kind == cmd::WRITE && self.slot_state != SlotState::Applied {
+            // The rebuilt NVS free list owns these slots now (a record the
+            // box does not name is erased; a scan adopts a valid one as an
+            // unacknowledged write). Fresh ones are reserved on resume.
+            self.reserve_on_resume = self.slots.len() as u32;
+            self.slots.clear();
+            self.slot_state = SlotState::Reserved;
+        }
+        if resume.name == "cache.read" {
+            self.misses.clear();
+        }
+        self.at = Some(resume);
+        self.in_body = false;
+    }
+
+    /// NVS slots a parked request needs before it runs again.
+    pub(crate) fn slots_to_reserve(&self) -> u32 {
+        self.reserve_on_resume
+    }
+
+    /// A parked request that cannot run again: answered `EIO` by its
+    /// clean-up block.
+    pub(crate) fn give_up(mut self: Box<Self>) {
+        self.at = None;
     }
 
     fn ctl(&self) -> &Arc<Controller> {
@@ -284,18 +402,28 @@ impl Request {
 
 impl Drop for Request {
     fn drop(&mut self) {
-        if self.replied {
-            self.conn.finish_request();
-            return;
-        }
-        // The clean-up block of a request whose task did not finish.
-        if let Some(from) = self.redrive_from() {
-            // The new request carries the connection's in-flight count on.
-            self.redrive(from);
+        if !self.replied {
             self.replied = true;
-            return;
+            // The clean-up block of a request whose task did not finish.
+            match self.redrive_from() {
+                // The new request carries the connection's in-flight count
+                // and the pipeline count on.
+                Redrive::Stage(from) => self.redrive(from),
+                Redrive::Escalate => self.escalate(),
+                Redrive::Fail => self.fail(),
+            }
+        } else {
+            self.conn.finish_request();
         }
-        self.replied = true;
+        if self.counted {
+            self.ctl().system.left();
+        }
+    }
+}
+
+impl Request {
+    /// Answer `EIO`: no recovery applies.
+    fn fail(&mut self) {
         self.give_back_slots();
         tracing::warn!(
             cookie = self.header.cookie,
@@ -331,6 +459,12 @@ fn run_stage(ctx: &mut TaskCtx<'_>, req: Box<Request>, at: StageRef) -> Result<(
         };
         req.at = Some(at);
         req.in_body = false;
+        if req.ctl().system.is_quiescing() {
+            // Rung 4 is rebuilding the state this stage would use.
+            let ctl = Arc::clone(req.ctl());
+            ctl.system.park(req);
+            return Ok(());
+        }
         at.point.check()?;
         req.in_body = true;
         (at.stage)(ctx, req)
@@ -353,8 +487,10 @@ fn next(ctx: &mut TaskCtx<'_>, req: Box<Request>, at: StageRef) {
 /// Submit a received request (called by the connection's reader thread).
 /// If the runtime refuses it (shutting down), the dropped request's
 /// clean-up block answers the client.
-pub(crate) fn submit(req: Box<Request>) {
+pub(crate) fn submit(mut req: Box<Request>) {
     let ctl = Arc::clone(req.ctl());
+    ctl.system.entered();
+    req.counted = true;
     let at = stage!(ctl.groups.host, Priority::High, receive, "host.receive");
     let submitted = ctl
         .rt
@@ -363,6 +499,25 @@ pub(crate) fn submit(req: Box<Request>) {
         });
     if let Err(e) = submitted {
         tracing::warn!(error = %e, "request refused by the task runtime");
+    }
+}
+
+/// Submit a parked request at the stage it was parked for (rung 4).
+pub(crate) fn resume(mut req: Box<Request>) {
+    let ctl = Arc::clone(req.ctl());
+    let Some(at) = req.at else {
+        req.give_up();
+        return;
+    };
+    ctl.system.entered();
+    req.counted = true;
+    let submitted = ctl
+        .rt
+        .submit_named(at.group, at.priority, at.name, move |ctx| {
+            run_stage(ctx, req, at)
+        });
+    if let Err(e) = submitted {
+        tracing::warn!(error = %e, "a redriven request was refused by the task runtime");
     }
 }
 
@@ -568,6 +723,9 @@ fn nvs_write(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failure
     Ok(())
 }
 
+/// Fault point inside `cache.apply`, after each track enters the directory.
+static APPLY_TRACK: FaultPoint = FaultPoint::new("cache.apply.track");
+
 /// cache: put the written tracks in the directory (and cache), free
 /// superseded records, queue destage.
 fn cache_apply(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failure> {
@@ -584,6 +742,9 @@ fn cache_apply(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failu
         if applied.queue {
             ctl.destage.push(track);
         }
+        // A fault here leaves the write partly in the directory: no
+        // task-level redrive is provably safe (rung 4's case).
+        APPLY_TRACK.check()?;
     }
     req.slot_state = SlotState::Applied;
     req.slots.clear();
@@ -625,6 +786,15 @@ fn fua(_ctx: &mut TaskCtx<'_>, req: Box<Request>) -> Result<(), Failure> {
 /// device: FLUSH.
 fn flush(_ctx: &mut TaskCtx<'_>, req: Box<Request>) -> Result<(), Failure> {
     let result = req.ctl().flush_all();
+    if result
+        .as_ref()
+        .is_err_and(|e| e.kind() == std::io::ErrorKind::Interrupted)
+    {
+        // Rung 4 is quiescing: park; the FLUSH runs again after it.
+        let ctl = Arc::clone(req.ctl());
+        ctl.system.park(req);
+        return Ok(());
+    }
     finish_io(*req, result);
     Ok(())
 }

@@ -62,11 +62,27 @@ impl DestageQueue {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Destage tasks queued or running.
+    pub fn inflight(&self) -> u32 {
+        self.inflight.load(Ordering::Acquire)
+    }
+
+    /// Forget every queued and failed track (rung 4 requeues the rebuilt
+    /// directory's dirty tracks).
+    pub(crate) fn reset(&self) {
+        self.queue.lock().clear();
+        self.failed.lock().clear();
+    }
 }
 
 /// Start a destage task if there is work and room for one.
 pub(crate) fn kick(ctl: &Arc<Controller>) {
     let q = &ctl.destage;
+    if ctl.system.is_quiescing() {
+        // Rung 4 is rebuilding the directory; it kicks destage when done.
+        return;
+    }
     loop {
         let n = q.inflight.load(Ordering::Acquire);
         if n >= DESTAGE_TASKS_MAX || q.is_empty() {
@@ -97,13 +113,17 @@ pub(crate) fn kick(ctl: &Arc<Controller>) {
 /// One destage task: a batch, then either another task or stop.
 fn batch(ctl: &Arc<Controller>) {
     for track in ctl.destage.pop_batch() {
+        if ctl.system.is_quiescing() {
+            // Stop between tracks; the rebuilt queue has the rest.
+            break;
+        }
         if let Err(e) = one(ctl, track) {
             tracing::warn!(track, error = %e, "destage failed; will retry");
             ctl.destage.failed.lock().push(track);
         }
     }
     let q = &ctl.destage;
-    if !q.is_empty() && !ctl.stopping.load(Ordering::Relaxed) {
+    if !q.is_empty() && !ctl.stopping.load(Ordering::Relaxed) && !ctl.system.is_quiescing() {
         let c = Arc::clone(ctl);
         let resubmitted = ctl.rt.submit_named(
             ctl.groups.destage,
@@ -189,9 +209,17 @@ pub(crate) fn force(ctl: &Controller, track: u64) -> std::io::Result<()> {
     }
 }
 
-/// Destage every track dirty now (FLUSH, clean shutdown).
+/// Destage every track dirty now (FLUSH, clean shutdown). Stops with
+/// [`std::io::ErrorKind::Interrupted`] when a system recovery (rung 4)
+/// starts quiescing: the FLUSH is parked and runs again after it.
 pub(crate) fn destage_all(ctl: &Controller) -> std::io::Result<()> {
     for track in ctl.cache.dirty_snapshot() {
+        if ctl.system.is_quiescing() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::Interrupted,
+                "a system recovery is quiescing the controller",
+            ));
+        }
         force(ctl, track)?;
     }
     Ok(())

@@ -113,11 +113,12 @@ impl std::fmt::Debug for BoxJournal {
     }
 }
 
-/// What a fast restart recovered from the box.
+/// What a fast restart (`J` = [`BoxJournal`]) or an in-process rebuild
+/// (`J` = `()`: the journal in use stays) recovered from the box.
 #[derive(Debug)]
-pub struct Recovered {
+pub struct Recovered<J = BoxJournal> {
     /// The journal, ready for use.
-    pub journal: BoxJournal,
+    pub journal: J,
     /// Dirty records with their journal handles.
     pub dirty: Vec<(u64, Dirty, u32)>,
     /// The next sequence number to hand out.
@@ -225,6 +226,40 @@ impl BoxJournal {
             },
             dirty: records,
             next_seq,
+        })
+    }
+
+    /// Rung 4: read the dirty directory back from the box this process
+    /// keeps open (every item's checksum verified), for an in-process
+    /// rebuild. Refused when the box stopped being kept current or fails
+    /// its checks; the caller then scans the NVS instead.
+    pub fn reread(&self, identity: VolumeIdentity) -> Result<Recovered<()>, FastRestartRefused> {
+        if !self.healthy() {
+            return Err(FastRestartRefused::Untrusted(
+                "the recovery box was abandoned".into(),
+            ));
+        }
+        let untrusted = |e: recobox::ItemError| FastRestartRefused::Untrusted(e.to_string());
+        let vol = self
+            .rbox
+            .type_by_app_id(VOLUME_TYPE)
+            .ok_or(FastRestartRefused::Mismatch)?;
+        let volume = self.rbox.items(vol).map_err(untrusted)?;
+        if volume.len() != 1 || volume[0].2 != identity.encode() {
+            return Err(FastRestartRefused::Mismatch);
+        }
+        let high = self.high_water.load(Ordering::SeqCst);
+        let mut next_seq = 1;
+        let mut records = Vec::new();
+        for (id, _, data) in self.rbox.items(self.dirty).map_err(untrusted)? {
+            let (track, d) = decode_dirty(&data);
+            next_seq = next_seq.max(d.seq + 1);
+            records.push((track, d, id.index));
+        }
+        Ok(Recovered {
+            journal: (),
+            dirty: records,
+            next_seq: next_seq.max(high),
         })
     }
 

@@ -18,6 +18,7 @@
 //! | [`controller`] | composition, start-up (fast restart from the recovery box, or hard restart from an NVS scan), shutdown |
 //! | [`journal`] | what the recovery box holds: volume table, dirty directory, destage cursor |
 //! | [`recovery`] | the recovery log: every recovery, its rung, cause and duration |
+//! | [`system`] | rung 4: in-process system-level recovery (quiesce, rebuild, redrive) |
 //! | [`server`] | the listener |
 //! | [`metrics`], [`http`] | counters, histograms, Prometheus endpoint |
 //! | [`config`], [`limits`] | configuration and every bound |
@@ -46,6 +47,7 @@ pub mod nbd;
 pub mod nvs;
 pub mod recovery;
 pub mod server;
+pub mod system;
 pub mod timer;
 pub mod volume;
 

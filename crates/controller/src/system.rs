@@ -1,0 +1,332 @@
+//! Rung 4: in-process system-level recovery (DESIGN.md's ladder; the
+//! papers' "system-level recovery" without the reboot).
+//!
+//! When the controller's in-memory state can no longer be trusted but the
+//! process is sound (a stage failed in the middle of changing the cache
+//! directory, so no task-level redrive is provably safe; a request kept
+//! failing past its redrive bound; or an operator asked), the controller
+//! rebuilds that state in place, as a fast restart would, without losing
+//! its process, its sockets or its clients:
+//!
+//! 1. **Quiesce.** The admission gate is closed: connection readers block
+//!    before reserving NVS space, so clients see a delay, never an error.
+//!    Every request already in the pipeline is *parked* at the entry of its
+//!    next stage (a stage checks [`SystemRecovery::is_quiescing`] before its
+//!    body begins), a FLUSH stops between tracks and parks, and destage
+//!    stops between tracks. The recovery waits until no request is in a
+//!    stage body and no destage task runs ([`QUIESCE_TIMEOUT`]; past it the
+//!    process aborts and rung 5 takes over).
+//! 2. **Rebuild** the cache directory, the destage queue and the NVS free
+//!    list from the recovery box (checked item by item; the NVS must hold
+//!    every record the box names, and every other slot is erased and freed)
+//!    or, when the box is not trusted, from a scan of the NVS (rung 6's
+//!    source, in process). Cached copies are dropped: they are only copies.
+//! 3. **Redrive** every parked request from a stage where running it again
+//!    is safe against the rebuilt state: reads from the cache lookup,
+//!    writes not yet in the directory from the NVS write with fresh slots
+//!    (their old records were erased or superseded), writes already in the
+//!    directory from FUA or their reply, FLUSH, TRIM and WRITE_ZEROES from
+//!    their start (each is idempotent). Then the gate opens.
+//!
+//! One system recovery runs at a time; a request that escalates while one
+//! runs is parked and redriven by it. A request is escalated to rung 4 at
+//! most once: if it fails again past its redrive bound it is answered EIO.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock, RwLockReadGuard};
+
+use crate::controller::Controller;
+use crate::datapath::{self, Request};
+use crate::recovery::Rung;
+
+/// Longest wait for the pipeline to drain before giving up on rung 4.
+pub const QUIESCE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest wait for NVS space when redriving a parked write.
+const RESERVE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Where the rebuilt state came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RebuildSource {
+    /// The recovery box's dirty directory.
+    RecoveryBox,
+    /// A scan of the NVS (the box was not trusted).
+    NvsScan,
+}
+
+/// What one system recovery did.
+#[derive(Debug, Clone)]
+pub struct SystemReport {
+    /// Why it ran.
+    pub cause: String,
+    /// Where the directory came from.
+    pub source: RebuildSource,
+    /// Why the box was not used (scan only).
+    pub box_refused: Option<String>,
+    /// Dirty tracks in the rebuilt directory.
+    pub dirty_tracks: u64,
+    /// Requests parked and redriven.
+    pub redriven: u64,
+    /// Time to quiesce.
+    pub quiesce: Duration,
+    /// Time to rebuild.
+    pub rebuild: Duration,
+    /// Gate closed to gate open.
+    pub total: Duration,
+}
+
+impl std::fmt::Display for SystemReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "rung 4 system recovery ({}): rebuilt {} dirty tracks from {}; {} requests redriven; quiesce {:.3?}, rebuild {:.3?}, total {:.3?}",
+            self.cause,
+            self.dirty_tracks,
+            match self.source {
+                RebuildSource::RecoveryBox => "the recovery box".to_owned(),
+                RebuildSource::NvsScan => format!(
+                    "an NVS scan ({})",
+                    self.box_refused.as_deref().unwrap_or("box not used")
+                ),
+            },
+            self.redriven,
+            self.quiesce,
+            self.rebuild,
+            self.total
+        )
+    }
+}
+
+/// Why a system recovery did not run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SystemError {
+    /// Another one is running.
+    #[error("a system recovery is already running")]
+    Busy,
+    /// The controller is shutting down.
+    #[error("the controller is shutting down")]
+    Stopping,
+}
+
+/// The state rung 4 needs: the admission gate, the quiesce flag, the count
+/// of requests in the pipeline and the parked requests.
+#[derive(Debug, Default)]
+pub struct SystemRecovery {
+    gate: RwLock<()>,
+    quiescing: AtomicBool,
+    running: AtomicBool,
+    pipeline: AtomicI64,
+    /// Boxed: requests move between tasks boxed and are resubmitted as is.
+    #[allow(clippy::vec_box)]
+    parked: Mutex<Vec<Box<Request>>>,
+}
+
+impl SystemRecovery {
+    /// Held (shared) by a connection reader from reserving NVS slots for a
+    /// request to submitting it; a system recovery holds it exclusively.
+    pub(crate) fn admission(&self) -> RwLockReadGuard<'_, ()> {
+        self.gate.read()
+    }
+
+    /// Whether stages must park their requests instead of running them.
+    #[inline]
+    pub(crate) fn is_quiescing(&self) -> bool {
+        self.quiescing.load(Ordering::Acquire)
+    }
+
+    /// Whether a system recovery is running now.
+    pub fn is_running(&self) -> bool {
+        self.running.load(Ordering::Acquire)
+    }
+
+    /// A request entered the pipeline.
+    pub(crate) fn entered(&self) {
+        self.pipeline.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A request left the pipeline (answered, abandoned or parked).
+    pub(crate) fn left(&self) {
+        let before = self.pipeline.fetch_sub(1, Ordering::AcqRel);
+        debug_assert!(before > 0, "pipeline count went negative");
+    }
+
+    /// Requests in the pipeline now.
+    pub fn in_pipeline(&self) -> i64 {
+        self.pipeline.load(Ordering::Acquire)
+    }
+
+    /// Park a request (its `at` is where it resumes).
+    pub(crate) fn park(&self, mut req: Box<Request>) {
+        req.prepare_to_park();
+        self.parked.lock().push(req);
+    }
+}
+
+/// Escalate to rung 4 from a task (the request is already parked): start a
+/// system recovery on its own thread unless one is running.
+pub(crate) fn escalate(ctl: &Arc<Controller>, cause: String) {
+    if ctl.system.running.load(Ordering::Acquire) {
+        return;
+    }
+    let c = Arc::clone(ctl);
+    let spawned = std::thread::Builder::new()
+        .name("rebound-rung4".into())
+        .spawn(move || match recover(&c, &cause) {
+            Ok(report) => tracing::warn!("{report}"),
+            Err(SystemError::Busy) => {}
+            Err(e) => tracing::error!(error = %e, "system recovery did not run"),
+        });
+    if let Err(e) = spawned {
+        tracing::error!(error = %e, "cannot start the system recovery thread; aborting (rung 5 takes over)");
+        std::process::abort();
+    }
+}
+
+/// Run a system recovery now (on the calling thread, which must not be a
+/// worker of the runtime).
+pub fn recover(ctl: &Arc<Controller>, cause: &str) -> Result<SystemReport, SystemError> {
+    let sys = &ctl.system;
+    if sys.running.swap(true, Ordering::AcqRel) {
+        return Err(SystemError::Busy);
+    }
+    let result = run(ctl, cause);
+    sys.running.store(false, Ordering::Release);
+    // Requests parked after the last sweep (none are expected: the gate and
+    // the flag are cleared in order) are redriven rather than stranded.
+    let late = std::mem::take(&mut *sys.parked.lock());
+    for req in late {
+        resume(ctl, req);
+    }
+    result
+}
+
+fn run(ctl: &Arc<Controller>, cause: &str) -> Result<SystemReport, SystemError> {
+    if ctl.stopping.load(Ordering::SeqCst) {
+        return Err(SystemError::Stopping);
+    }
+    let sys = &ctl.system;
+    let started = Instant::now();
+    tracing::warn!(cause, "rung 4: system recovery starts; quiescing");
+    let gate = sys.gate.write();
+    sys.quiescing.store(true, Ordering::SeqCst);
+    let deadline = started + QUIESCE_TIMEOUT;
+    while sys.in_pipeline() > 0 || ctl.destage.inflight() > 0 {
+        if Instant::now() >= deadline {
+            tracing::error!(
+                in_pipeline = sys.in_pipeline(),
+                destaging = ctl.destage.inflight(),
+                "rung 4: the pipeline did not drain in {QUIESCE_TIMEOUT:?}; aborting (rung 5 takes over)"
+            );
+            std::process::abort();
+        }
+        std::thread::sleep(Duration::from_micros(50));
+    }
+    let quiesced = Instant::now();
+    let parked = std::mem::take(&mut *sys.parked.lock());
+
+    // Rebuild.
+    ctl.cache.reset();
+    ctl.destage.reset();
+    let mut box_refused = None;
+    let mut source = RebuildSource::NvsScan;
+    match ctl.journal.reread(ctl.identity) {
+        Ok(rec) => {
+            let referenced = crate::journal::BoxJournal::referenced(&rec.dirty);
+            let next_seq = rec.next_seq.max(ctl.nvs.last_seq() + 1);
+            match ctl.nvs.adopt(&referenced, next_seq) {
+                Ok(()) => {
+                    let mut dirty = rec.dirty;
+                    dirty.sort_by_key(|&(_, d, _)| d.seq);
+                    for (track, d, handle) in dirty {
+                        ctl.cache.adopt_dirty(track, d, handle);
+                        ctl.destage.push(track);
+                    }
+                    source = RebuildSource::RecoveryBox;
+                }
+                Err(e) => box_refused = Some(format!("the NVS disagrees with the box: {e}")),
+            }
+        }
+        Err(e) => box_refused = Some(e.to_string()),
+    }
+    if source == RebuildSource::NvsScan {
+        // The box stops being used: the next restart rebuilds it.
+        ctl.journal.abandon();
+        ctl.cache.reset();
+        ctl.destage.reset();
+        let scan = ctl.nvs.scan();
+        let mut records = scan.records;
+        records.sort_by_key(|r| r.seq);
+        let mut free = Vec::new();
+        for r in &records {
+            let applied = ctl.cache.recover_dirty(r.track, r.slot, r.seq);
+            free.extend(applied.free);
+            if applied.queue {
+                ctl.destage.push(r.track);
+            }
+        }
+        ctl.nvs.free(&free);
+    }
+    let dirty_tracks = ctl.cache.dirty_tracks();
+    let rebuilt = Instant::now();
+
+    // Redrive.
+    sys.quiescing.store(false, Ordering::SeqCst);
+    crate::destage::kick(ctl);
+    let redriven = parked.len() as u64;
+    for req in parked {
+        resume(ctl, req);
+    }
+    drop(gate);
+    let report = SystemReport {
+        cause: cause.to_owned(),
+        source,
+        box_refused,
+        dirty_tracks,
+        redriven,
+        quiesce: quiesced - started,
+        rebuild: rebuilt - quiesced,
+        total: started.elapsed(),
+    };
+    ctl.recoveries.record(
+        Rung::System,
+        format!(
+            "{cause}; directory rebuilt from {}",
+            match source {
+                RebuildSource::RecoveryBox => "the recovery box",
+                RebuildSource::NvsScan => "an NVS scan",
+            }
+        ),
+        report.total,
+        redriven,
+    );
+    Ok(report)
+}
+
+/// Give a parked request what it needs to run again and submit it.
+fn resume(ctl: &Arc<Controller>, mut req: Box<Request>) {
+    let needed = req.slots_to_reserve();
+    if needed > 0 {
+        let waited = Instant::now();
+        loop {
+            match ctl.nvs.reserve(needed, Duration::from_millis(100)) {
+                Ok(slots) => {
+                    req.slots = slots;
+                    break;
+                }
+                Err(crate::nvs::NvsError::Timeout(_)) if waited.elapsed() < RESERVE_TIMEOUT => {
+                    crate::destage::kick(ctl);
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "no NVS space to redrive a parked write");
+                    // Dropped unanswered with no stage to go back to: its
+                    // clean-up block answers EIO.
+                    req.give_up();
+                    return;
+                }
+            }
+        }
+    }
+    datapath::resume(req);
+}
