@@ -72,7 +72,8 @@ pub struct InjectArgs {
     fault: Fault,
     /// Fault point (panic, fail, delay): host.receive, cache.read,
     /// device.read, nvs.write, cache.apply, device.fua, device.flush,
-    /// device.zero, host.reply.
+    /// device.zero, host.reply (stage entries: rung 1), cache.apply.track
+    /// (inside cache.apply: rung 4).
     #[arg(long, value_name = "POINT")]
     point: Option<String>,
     /// Recovery group (group-fault): host, cache, nvs, device, destage, background.

@@ -396,6 +396,7 @@ impl Controller {
     pub fn gauges(&self) -> Gauges {
         let s = self.cache.stats();
         let total = u64::from(self.nvs.slot_count());
+        let rcs = self.rt.metrics();
         Gauges {
             cache: (
                 s.hits.load(Ordering::Relaxed),
@@ -405,7 +406,35 @@ impl Controller {
             frames_rebuilt: s.frames_rebuilt.load(Ordering::Relaxed),
             nvs: (total - u64::from(self.nvs.free_slots()), total),
             dirty_tracks: self.cache.dirty_tracks(),
-            rcs: Some(self.rt.metrics()),
+            rungs: Rung::ALL
+                .iter()
+                .map(|&rung| match rung {
+                    // Group recoveries are performed and timed by rcs.
+                    Rung::Group => {
+                        let groups = rcs.groups.iter();
+                        crate::metrics::RungTotals {
+                            rung: rung as u8,
+                            name: rung.name(),
+                            count: groups.clone().map(|g| g.recoveries).sum(),
+                            seconds: groups
+                                .map(|g| {
+                                    g.recovery_time.mean.as_secs_f64()
+                                        * g.recovery_time.count as f64
+                                })
+                                .sum(),
+                            requests: 0,
+                        }
+                    }
+                    _ => crate::metrics::RungTotals {
+                        rung: rung as u8,
+                        name: rung.name(),
+                        count: self.recoveries.count(rung),
+                        seconds: self.recoveries.time(rung).as_secs_f64(),
+                        requests: self.recoveries.requests(rung),
+                    },
+                })
+                .collect(),
+            rcs: Some(rcs),
         }
     }
 

@@ -101,6 +101,23 @@ pub struct Gauges {
     pub dirty_tracks: u64,
     /// rcs metrics.
     pub rcs: Option<rcs::MetricsSnapshot>,
+    /// Per rung: name, recoveries, seconds spent, requests affected.
+    pub rungs: Vec<RungTotals>,
+}
+
+/// One rung's recovery totals for the exposition.
+#[derive(Debug, Clone, Default)]
+pub struct RungTotals {
+    /// Rung number (1-6).
+    pub rung: u8,
+    /// Rung name (`task`, `group`, ...).
+    pub name: &'static str,
+    /// Recoveries.
+    pub count: u64,
+    /// Time spent recovering, seconds.
+    pub seconds: f64,
+    /// Requests affected.
+    pub requests: u64,
 }
 
 impl Metrics {
@@ -293,6 +310,34 @@ impl Metrics {
             out,
             "# HELP rebound_nvs_fill_ratio Fraction of NVS slots in use.\n# TYPE rebound_nvs_fill_ratio gauge\nrebound_nvs_fill_ratio {fill}"
         );
+        for (name, help, value) in [
+            (
+                "rebound_recoveries_total",
+                "Recoveries performed, by rung of the recovery ladder.",
+                (|r: &RungTotals| r.count.to_string()) as fn(&RungTotals) -> String,
+            ),
+            (
+                "rebound_recovery_seconds_total",
+                "Time spent recovering, by rung (0 for redrives, whose cost is request latency).",
+                |r| r.seconds.to_string(),
+            ),
+            (
+                "rebound_recovery_requests_total",
+                "Requests affected by recoveries, by rung.",
+                |r| r.requests.to_string(),
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for r in &g.rungs {
+                let _ = writeln!(
+                    out,
+                    "{name}{{rung=\"{}\",name=\"{}\"}} {}",
+                    r.rung,
+                    r.name,
+                    value(r)
+                );
+            }
+        }
         if let Some(r) = &g.rcs {
             render_rcs(&mut out, r);
         }
@@ -397,8 +442,18 @@ mod tests {
         let text = m.render(&Gauges {
             cache: (3, 1, 4),
             nvs: (10, 100),
+            rungs: vec![RungTotals {
+                rung: 4,
+                name: "system",
+                count: 2,
+                seconds: 0.0015,
+                requests: 17,
+            }],
             ..Gauges::default()
         });
+        assert!(text.contains("rebound_recoveries_total{rung=\"4\",name=\"system\"} 2"));
+        assert!(text.contains("rebound_recovery_seconds_total{rung=\"4\",name=\"system\"} 0.0015"));
+        assert!(text.contains("rebound_recovery_requests_total{rung=\"4\",name=\"system\"} 17"));
         assert!(text.contains("rebound_requests_total{op=\"read\"} 1"));
         assert!(text.contains("rebound_request_errors_total{op=\"write\"} 1"));
         assert!(text.contains("rebound_bytes_total{op=\"read\"} 4096"));

@@ -81,6 +81,8 @@ pub struct RecoveryLog {
     next: AtomicU64,
     records: Mutex<VecDeque<RecoveryRecord>>,
     counts: [AtomicU64; 7],
+    nanos: [AtomicU64; 7],
+    requests: [AtomicU64; 7],
 }
 
 impl Default for RecoveryLog {
@@ -90,6 +92,8 @@ impl Default for RecoveryLog {
             next: AtomicU64::new(1),
             records: Mutex::new(VecDeque::with_capacity(RECOVERY_LOG_MAX)),
             counts: Default::default(),
+            nanos: Default::default(),
+            requests: Default::default(),
         }
     }
 }
@@ -106,6 +110,11 @@ impl RecoveryLog {
             requests,
         };
         self.counts[rung as usize].fetch_add(1, Ordering::Relaxed);
+        self.nanos[rung as usize].fetch_add(
+            u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        self.requests[rung as usize].fetch_add(requests, Ordering::Relaxed);
         let mut records = self.records.lock();
         if records.len() == RECOVERY_LOG_MAX {
             records.pop_front();
@@ -116,6 +125,16 @@ impl RecoveryLog {
     /// Recoveries at `rung` so far.
     pub fn count(&self, rung: Rung) -> u64 {
         self.counts[rung as usize].load(Ordering::Relaxed)
+    }
+
+    /// Time spent recovering at `rung` so far.
+    pub fn time(&self, rung: Rung) -> Duration {
+        Duration::from_nanos(self.nanos[rung as usize].load(Ordering::Relaxed))
+    }
+
+    /// Requests affected by recoveries at `rung` so far.
+    pub fn requests(&self, rung: Rung) -> u64 {
+        self.requests[rung as usize].load(Ordering::Relaxed)
     }
 
     /// The most recent records, oldest first.
@@ -141,6 +160,9 @@ mod tests {
         assert_eq!(recent[0].cause, "cause 11");
         assert_eq!(log.count(Rung::Task), RECOVERY_LOG_MAX as u64 + 10);
         assert_eq!(log.count(Rung::FastRestart), 1);
+        assert_eq!(log.time(Rung::FastRestart), Duration::from_millis(3));
+        assert_eq!(log.requests(Rung::Task), RECOVERY_LOG_MAX as u64 + 10);
+        assert_eq!(log.requests(Rung::FastRestart), 0);
         assert!(recent.windows(2).all(|w| w[0].seq < w[1].seq));
     }
 }
