@@ -75,6 +75,12 @@ pub struct ServeArgs {
     /// Modelled device latency per KiB, microseconds (experiments) [default: 0].
     #[arg(long, value_name = "US")]
     device_latency_per_kib_us: Option<u64>,
+    /// Arm a fault at start, as `rebound inject` would (repeatable; added
+    /// to the file's `inject` list), e.g. --inject "panic cache.read
+    /// rate=0.001 count=unlimited" or --inject "group-fault cache
+    /// rate=1e-4 duration=20ms".
+    #[arg(long, value_name = "FAULT")]
+    inject: Vec<String>,
 }
 
 fn size(s: &str) -> Result<u64, String> {
@@ -127,6 +133,7 @@ impl ServeArgs {
         if let Some(v) = self.device_latency_us {
             c.device_latency.fixed_us = v;
         }
+        c.inject.extend(self.inject.iter().cloned());
         if let Some(v) = self.device_latency_per_kib_us {
             c.device_latency.per_kib_us = v;
         }

@@ -32,6 +32,9 @@ fn bad_flag_values_are_refused_with_the_setting_named() {
         (vec!["--devices", "0"], "devices"),
         (vec!["--listen", "not-an-address"], "invalid socket address"),
         (vec!["--flush", "sometimes"], "possible values"),
+        (vec!["--inject", "crash"], "invalid setting inject"),
+        (vec!["--inject", "panic nowhere"], "unknown fault point"),
+        (vec!["--inject", ""], "invalid setting inject"),
     ] {
         let mut all = vec!["--data-dir", d];
         if !args.contains(&"--listen") {

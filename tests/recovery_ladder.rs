@@ -239,6 +239,57 @@ fn system_recovery_rebuilds_from_the_box_or_an_nvs_scan_and_the_data_survives() 
 }
 
 #[test]
+fn faults_armed_by_the_configuration_file_and_flags_are_recovered_and_bad_ones_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("rebound.toml");
+    std::fs::write(&cfg, "inject = [\"panic cache.read count=2\"]\n").unwrap();
+    let server = Server::start(
+        "16M",
+        &[
+            "--config",
+            cfg.to_str().unwrap(),
+            "--inject",
+            "fail nvs.write count=1",
+        ],
+    );
+    let uri = server.uri();
+    let target = ["-f", "raw", uri.as_str()];
+    qemu_io(
+        &target,
+        &["write -P 0x5a 0 4k".into(), "read -P 0x5a 0 4k".into()],
+    );
+    let status = server.admin("status").unwrap();
+    assert_eq!(rung_count(&status, "task"), 3, "{status}");
+    assert!(server.log().contains("fault armed by the configuration"));
+    // Options are checked when the fault is armed: the server refuses to
+    // start, naming the setting.
+    for (entry, expect) in [
+        ("panic cache.read rate=2", "rate"),
+        ("group-fault nosuchgroup", "unknown group"),
+        ("delay cache.read", "duration"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_rebound"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--volume-size", "16M"])
+            .args(["--nvs-size", "96M", "--cache-size", "1M"])
+            .arg("--data-dir")
+            .arg(dir.path().join("d"))
+            .arg("--nvs")
+            .arg(dir.path().join("nvs"))
+            .arg("--box")
+            .arg(dir.path().join("box"))
+            .args(["--inject", entry])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{entry:?} accepted");
+        assert!(
+            err.contains("invalid setting inject") && err.contains(expect),
+            "{entry:?}: {err}"
+        );
+    }
+}
+
+#[test]
 fn injected_group_faults_are_recovered_at_rung_2_while_io_continues() {
     let server = Server::start("64M", &["--cache-size", "2M"]);
     let uri = server.uri();

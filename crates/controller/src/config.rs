@@ -20,6 +20,9 @@
 //! flush = "devices"
 //! direct_io = false
 //! max_connections = 64
+//! # faults armed at start (as `rebound inject` would; for experiments):
+//! inject = ["panic cache.read rate=0.001 count=unlimited",
+//!           "group-fault cache rate=1e-4 duration=20ms"]
 //! [device_latency]
 //! fixed_us = 0
 //! per_kib_us = 0
@@ -158,6 +161,10 @@ pub struct Config {
     pub max_connections: usize,
     /// Modelled device latency.
     pub device_latency: LatencyConfig,
+    /// Faults armed at start, each as the words after `rebound inject`
+    /// on the admin socket: `panic|fail|delay POINT [rate= count=
+    /// duration=]` or `group-fault GROUP [rate= duration=]`.
+    pub inject: Vec<String>,
 }
 
 impl Default for Config {
@@ -182,6 +189,7 @@ impl Default for Config {
             direct_io: false,
             max_connections: 64,
             device_latency: LatencyConfig::default(),
+            inject: Vec::new(),
         }
     }
 }
@@ -270,6 +278,31 @@ impl Config {
 
     /// Check every setting.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        for entry in &self.inject {
+            let words: Vec<&str> = entry.split_whitespace().collect();
+            match words.as_slice() {
+                ["panic" | "fail" | "delay", point, ..] => {
+                    if !crate::admin::FAULT_POINTS.contains(point) {
+                        return Err(invalid(
+                            "inject",
+                            format!(
+                                "{entry:?}: unknown fault point {point:?}; points: {}",
+                                crate::admin::FAULT_POINTS.join(", ")
+                            ),
+                        ));
+                    }
+                }
+                ["group-fault", _, ..] => {}
+                _ => {
+                    return Err(invalid(
+                        "inject",
+                        format!(
+                            "{entry:?}: at start only `panic|fail|delay POINT [rate=P] [count=N] [duration=D]` and `group-fault GROUP [rate=P] [duration=D]` can be armed"
+                        ),
+                    ));
+                }
+            }
+        }
         let track = TRACK_BYTES as u64;
         if self.volume_size == 0 || !self.volume_size.is_multiple_of(track) {
             return Err(invalid(

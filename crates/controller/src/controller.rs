@@ -340,6 +340,15 @@ impl Controller {
                 0,
             ),
         }
+        for entry in &ctl.config.inject {
+            let armed = crate::admin::execute(&format!("inject {entry}"), &ctl).map_err(|e| {
+                ConfigError::Invalid {
+                    setting: "inject",
+                    message: format!("{entry:?}: {e}"),
+                }
+            })?;
+            tracing::warn!(fault = %armed.trim(), "fault armed by the configuration");
+        }
         crate::destage::start_tick(&ctl);
         crate::destage::kick(&ctl);
         Ok(ctl)
