@@ -26,7 +26,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Serve a volume over NBD (the storage controller).
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Inspect a recovery box (validation verdict, types, items).
     #[command(name = "box")]
     Box(box_cmd::BoxArgs),
@@ -44,7 +44,7 @@ fn main() -> std::process::ExitCode {
     init_tracing();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve(args) => serve::run(args),
+        Command::Serve(args) => serve::run(*args),
         Command::Box(args) => box_cmd::run(args),
         Command::Status(args) => admin_cmd::status(args),
         Command::Inject(args) => admin_cmd::inject(args),
