@@ -211,7 +211,7 @@ fn recover_state(
             Err(refused) => Some(refused.to_string()),
         }
     };
-    let scan = (!fresh).then(|| nvs.scan());
+    let scan = (!fresh).then(|| nvs.scan_with_progress(&mut scan_progress()));
     let journal = Arc::new(
         BoxJournal::create(&box_path, identity, nvs.last_seq() + 1)
             .map_err(OpenError::RecoveryBox)?,
@@ -239,6 +239,32 @@ fn recover_state(
     };
     Ok((journal, cache, kind, scan))
 }
+
+/// Progress of a hard restart's NVS scan: silent for the first
+/// [`SCAN_QUIET`], then a log line every [`SCAN_QUIET`] (a large NVS on a
+/// slow medium takes seconds).
+fn scan_progress() -> impl FnMut(u32, u32) {
+    let started = Instant::now();
+    let mut last = started;
+    move |read, total| {
+        let now = Instant::now();
+        if now - last >= SCAN_QUIET || (read == total && now - started >= SCAN_QUIET) {
+            last = now;
+            let pct = if total == 0 {
+                100.0
+            } else {
+                100.0 * f64::from(read) / f64::from(total)
+            };
+            tracing::warn!(
+                "hard restart: scanned {read} of {total} NVS slots ({pct:.0}%) in {:.1?}",
+                now - started
+            );
+        }
+    }
+}
+
+/// How long a hard restart's scan runs before it reports progress.
+const SCAN_QUIET: Duration = Duration::from_millis(500);
 
 impl Controller {
     /// Open (or create) the volume and NVS, recover the dirty directory

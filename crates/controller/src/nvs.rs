@@ -420,7 +420,14 @@ impl Nvs {
     /// Hard restart: validate every slot (header and data checksums); free
     /// the invalid ones; rebuild the free list and the sequence counter.
     pub fn scan(&self) -> ScanReport {
+        self.scan_with_progress(&mut |_, _| {})
+    }
+
+    /// [`Nvs::scan`], telling `progress(slots read, slots to read)` after
+    /// each segment (slots above the high-water mark are not read).
+    pub fn scan_with_progress(&self, progress: &mut dyn FnMut(u32, u32)) -> ScanReport {
         let started = Instant::now();
+        let to_read = self.high_water().min(self.slot_count);
         let mut report = ScanReport::default();
         let mut free = Vec::new();
         let mut max_seq = 0;
@@ -451,6 +458,8 @@ impl Nvs {
                     }
                 }
             }
+            let read = ((s as u32 + 1) * SEGMENT_SLOTS).min(to_read);
+            progress(read, to_read);
         }
         free.reverse();
         self.free.lock().slots = free;
@@ -796,6 +805,27 @@ mod tests {
         let (nvs, report) = open(dir.path());
         assert_eq!(nvs.high_water(), nvs.slot_count());
         assert_eq!(report.records.len(), 1, "still found");
+    }
+
+    #[test]
+    fn the_scan_reports_progress_per_segment_up_to_the_high_water_mark() {
+        let dir = tempfile::tempdir().unwrap();
+        let (nvs, _) = Nvs::open_or_create(&dir.path().join("nvs"), 8 << 20, 42, 1000).unwrap();
+        let slots = nvs
+            .reserve(SEGMENT_SLOTS + 1, Duration::from_secs(1))
+            .unwrap();
+        nvs.release(&slots);
+        let mut calls = Vec::new();
+        nvs.scan_with_progress(&mut |read, total| calls.push((read, total)));
+        let segments = nvs.slot_count().div_ceil(SEGMENT_SLOTS) as usize;
+        assert_eq!(calls.len(), segments, "one report per segment");
+        assert!(calls.iter().all(|&(_, t)| t == 2 * SEGMENT_SLOTS));
+        assert!(calls.windows(2).all(|w| w[0].0 <= w[1].0), "monotonic");
+        assert_eq!(calls[0], (SEGMENT_SLOTS, 2 * SEGMENT_SLOTS));
+        assert_eq!(
+            *calls.last().unwrap(),
+            (2 * SEGMENT_SLOTS, 2 * SEGMENT_SLOTS)
+        );
     }
 
     #[test]
