@@ -48,6 +48,9 @@ pub enum Fault {
     /// Damage the check word of the cache frame holding --track (rung 1:
     /// the next read rebuilds it from NVS or the device).
     CorruptFrame,
+    /// The device (--device, default 0) reports a completion no submission
+    /// waits for (rung 1: ignored and counted).
+    UnsolicitedCompletion,
     /// Run an in-process system recovery now (rung 4: quiesce, rebuild
     /// from the recovery box, redrive; connections stay up).
     System,
@@ -73,7 +76,8 @@ pub struct InjectArgs {
     /// Fault point (panic, fail, delay): host.receive, cache.read,
     /// device.read, nvs.write, cache.apply, device.fua, device.flush,
     /// device.zero, host.reply (stage entries: rung 1), cache.apply.track
-    /// (inside cache.apply: rung 4).
+    /// (inside cache.apply: rung 4), device.queue-full (with fail: the
+    /// device queue refuses, the I/O backs off: rung 1).
     #[arg(long, value_name = "POINT")]
     point: Option<String>,
     /// Recovery group (group-fault): host, cache, nvs, device, destage, background.
@@ -82,6 +86,9 @@ pub struct InjectArgs {
     /// Track (4 KiB unit of the volume) whose cache frame to damage (corrupt-frame).
     #[arg(long, value_name = "N")]
     track: Option<u64>,
+    /// Backend device number (unsolicited-completion) [default: 0].
+    #[arg(long, value_name = "N")]
+    device: Option<u32>,
     /// Probability per evaluation or dispatch [default: 1 at a point, 1e-4 for a group].
     #[arg(long, value_name = "P")]
     rate: Option<f64>,
@@ -116,6 +123,12 @@ impl InjectArgs {
             Fault::CorruptFrame => {
                 let t = self.track.map(|t| t.to_string());
                 line += &format!("corrupt-frame {}", needs(&t, "--track N")?);
+            }
+            Fault::UnsolicitedCompletion => {
+                line += "unsolicited-completion";
+                if let Some(d) = self.device {
+                    line += &format!(" {d}");
+                }
             }
             Fault::System => line += "system",
             Fault::AbandonBox => line += "abandon-box",

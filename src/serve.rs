@@ -69,6 +69,10 @@ pub struct ServeArgs {
     /// Most concurrent NBD connections [default: 64].
     #[arg(long, value_name = "N")]
     max_connections: Option<usize>,
+    /// Outstanding reads and writes per backend device; a full queue makes
+    /// an I/O back off and retry (rung 1) [default: 32].
+    #[arg(long, value_name = "N")]
+    device_queue_depth: Option<u32>,
     /// Modelled device latency per I/O, microseconds (experiments) [default: 0].
     #[arg(long, value_name = "US")]
     device_latency_us: Option<u64>,
@@ -106,7 +110,8 @@ impl ServeArgs {
             cache_size,
             workers,
             policy,
-            max_connections
+            max_connections,
+            device_queue_depth
         );
         if let Some(v) = &self.nvs {
             c.nvs = Some(v.clone());

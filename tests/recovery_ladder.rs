@@ -289,6 +289,78 @@ fn faults_armed_by_the_configuration_file_and_flags_are_recovered_and_bad_ones_r
     }
 }
 
+/// Sum of one counter over the status's `device N queue:` lines, e.g.
+/// "times full".
+fn queue_total(status: &str, what: &str) -> u64 {
+    status
+        .lines()
+        .filter(|l| l.starts_with("device ") && l.contains(" queue: "))
+        .filter_map(|l| {
+            let before = l.split(what).next()?;
+            before.split_whitespace().last()?.parse::<u64>().ok()
+        })
+        .sum()
+}
+
+#[test]
+fn a_full_device_queue_backs_off_and_an_unsolicited_completion_is_ignored_at_rung_1() {
+    let server = Server::start("64M", &["--cache-size", "1M", "--devices", "2"]);
+    let uri = server.uri();
+    let target = ["-f", "raw", uri.as_str()];
+    qemu_io(&target, &["write -P 0x31 0 8M".into(), "flush".into()]);
+    let status = server.admin("status").unwrap();
+    assert_eq!(queue_total(&status, "times full"), 0, "{status}");
+    // Staging reads (the small cache misses) find the queue full three
+    // times, back off and go on.
+    server
+        .admin("inject fail device.queue-full count=3")
+        .unwrap();
+    qemu_io(&target, &["read -P 0x31 0 64k".into()]);
+    let status = server.admin("status").unwrap();
+    assert_eq!(queue_total(&status, "times full"), 3, "{status}");
+    assert!(status.contains("staging read of track"), "{status}");
+    // Destage (in the background, or forced by the FLUSH) backs off too.
+    server
+        .admin("inject fail device.queue-full count=2")
+        .unwrap();
+    qemu_io(
+        &target,
+        &[
+            "write -P 0x32 1M 64k".into(),
+            "flush".into(),
+            "read -P 0x32 1M 64k".into(),
+        ],
+    );
+    let status = server.admin("status").unwrap();
+    assert_eq!(queue_total(&status, "times full"), 5, "{status}");
+    assert!(status.contains("destage"), "{status}");
+    assert!(
+        status.contains(" 0 dirty tracks"),
+        "the FLUSH destaged everything:\n{status}"
+    );
+    // A completion nobody waits for is ignored, never frees a slot.
+    let answer = server.admin("inject unsolicited-completion 1").unwrap();
+    assert!(answer.contains("ignored"), "{answer}");
+    let err = server.admin("inject unsolicited-completion 2").unwrap_err();
+    assert!(err.contains("not a device number below 2"), "{err}");
+    let status = server.admin("status").unwrap();
+    assert_eq!(queue_total(&status, "unsolicited"), 1, "{status}");
+    assert_eq!(
+        queue_total(&status, "of"),
+        0,
+        "no slot outstanding at rest:\n{status}"
+    );
+    qemu_io(
+        &target,
+        &[
+            "read -P 0x31 0 1M".into(),
+            "read -P 0x32 1M 64k".into(),
+            "read -P 0x31 2M 6M".into(),
+        ],
+    );
+    assert!(!server.log().contains("answering EIO"), "no request failed");
+}
+
 #[test]
 fn injected_group_faults_are_recovered_at_rung_2_while_io_continues() {
     let server = Server::start("64M", &["--cache-size", "2M"]);

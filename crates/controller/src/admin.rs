@@ -17,6 +17,7 @@
 //! | `inject delay POINT duration=D [rate=P] [count=N]` | arm it to stall (a task past its deadline) |
 //! | `inject group-fault GROUP [rate=P] [duration=D]` | the scheduling paper's emulation: a fault per dispatch of GROUP with probability P, each recovery taking D (rung 2); `rate=0` stops it |
 //! | `inject corrupt-frame TRACK` | damage the check word of the cache frame holding TRACK (4 KiB units): the next read rebuilds it (rung 1) |
+//! | `inject unsolicited-completion [DEVICE]` | the device (default 0) reports a completion no submission is waiting for: ignored and counted (rung 1) |
 //! | `inject system` | run a system-level recovery now (rung 4: quiesce, rebuild from the recovery box, redrive; connections stay up); answers with its report |
 //! | `inject abandon-box` | invalidate the recovery box and stop keeping it (a corrupt box: rung 4 rebuilds from an NVS scan, the next start is a hard restart) |
 //! | `inject crash` | abort the process (rung 5 at the next start) |
@@ -25,9 +26,12 @@
 //!
 //! Fault points: `host.receive`, `cache.read`, `device.read`, `nvs.write`,
 //! `cache.apply`, `device.fua`, `device.flush`, `device.zero`,
-//! `host.reply` at stage entries (rung 1), and `cache.apply.track` inside
+//! `host.reply` at stage entries (rung 1), `cache.apply.track` inside
 //! `cache.apply` after each track enters the directory (not provably safe
-//! to redrive: rung 4); see [`datapath`](crate::datapath). Defaults: `rate=1`,
+//! to redrive: rung 4; see [`datapath`](crate::datapath)), and
+//! `device.queue-full` (armed with `fail`: a device submission is refused
+//! as if its queue were full, and the I/O backs off; see
+//! [`devqueue`](crate::devqueue)). Defaults: `rate=1`,
 //! `count=1` for fault points; `rate=1e-4`, `duration=20ms` for
 //! group faults (the paper's numbers).
 
@@ -47,7 +51,7 @@ use crate::controller::Controller;
 pub const REQUEST_BYTES_MAX: usize = 1024;
 
 /// Fault points of the data path.
-pub const FAULT_POINTS: [&str; 10] = [
+pub const FAULT_POINTS: [&str; 11] = [
     "host.receive",
     "cache.read",
     "device.read",
@@ -58,6 +62,7 @@ pub const FAULT_POINTS: [&str; 10] = [
     "device.flush",
     "device.zero",
     "host.reply",
+    "device.queue-full",
 ];
 
 /// A running admin socket; removes the socket file when dropped.
@@ -344,6 +349,38 @@ fn inject(words: &[&str], ctl: &Arc<Controller>) -> Result<String, String> {
             .system_recover("injected through the admin socket")
             .map(|report| format!("{report}\n"))
             .map_err(|e| e.to_string()),
+        ["unsolicited-completion", rest @ ..] => {
+            let device = match rest {
+                [] => 0,
+                [d] => d
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|&d| d < ctl.queues.len())
+                    .ok_or_else(|| {
+                        format!(
+                            "unsolicited-completion DEVICE: {d:?} is not a device number below {}",
+                            ctl.queues.len()
+                        )
+                    })?,
+                _ => return Err("unsolicited-completion takes at most a device number".into()),
+            };
+            let q = &ctl.queues[device];
+            // A completion as a confused device would report it: a tag of
+            // this queue, under a generation no submission ever had.
+            let slot = q.depth() - 1;
+            match q.complete_raw(slot, u64::MAX) {
+                Err(e) => {
+                    ctl.recoveries.record(
+                        crate::recovery::Rung::Task,
+                        format!("device {device}: {e} ignored"),
+                        Duration::ZERO,
+                        0,
+                    );
+                    Ok(format!("device {device}: {e} ignored and counted ({} so far)\n", q.unsolicited_count()))
+                }
+                Ok(()) => Err("the device queue accepted an unsolicited completion".into()),
+            }
+        }
         ["abandon-box"] => {
             ctl.journal.abandon();
             Ok("recovery box invalidated: rung 4 now rebuilds from an NVS scan, and the next start is a hard restart\n".into())
@@ -358,11 +395,11 @@ fn inject(words: &[&str], ctl: &Arc<Controller>) -> Result<String, String> {
             Ok("every fault point and group injection disarmed\n".into())
         }
         [] => Err(
-            "inject what? faults: panic, fail, delay, group-fault, corrupt-frame, system, abandon-box, crash, crash-damaged-box, clear"
+            "inject what? faults: panic, fail, delay, group-fault, corrupt-frame, unsolicited-completion, system, abandon-box, crash, crash-damaged-box, clear"
                 .into(),
         ),
         [other, ..] => Err(format!(
-            "unknown fault {other:?} (or missing its argument); faults: panic POINT, fail POINT, delay POINT, group-fault GROUP, corrupt-frame TRACK, system, abandon-box, crash, crash-damaged-box, clear"
+            "unknown fault {other:?} (or missing its argument); faults: panic POINT, fail POINT, delay POINT, group-fault GROUP, corrupt-frame TRACK, unsolicited-completion [DEVICE], system, abandon-box, crash, crash-damaged-box, clear"
         )),
     }
 }
@@ -401,6 +438,16 @@ fn status(ctl: &Controller) -> String {
         },
         ctl.system().in_pipeline()
     );
+    for (i, q) in ctl.queues.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "device {i} queue: {} of {} outstanding; {} times full; {} unsolicited completions ignored",
+            q.outstanding(),
+            q.depth(),
+            q.full_count(),
+            q.unsolicited_count()
+        );
+    }
     let _ = writeln!(out, "\ngroups:");
     let _ = writeln!(
         out,

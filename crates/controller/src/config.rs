@@ -20,6 +20,7 @@
 //! flush = "devices"
 //! direct_io = false
 //! max_connections = 64
+//! device_queue_depth = 32                  # per device; a full queue backs off (rung 1)
 //! # faults armed at start (as `rebound inject` would; for experiments):
 //! inject = ["panic cache.read rate=0.001 count=unlimited",
 //!           "group-fault cache rate=1e-4 duration=20ms"]
@@ -35,7 +36,8 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::limits::{
-    CONNECTIONS_MAX, DEVICES_MAX, MAX_PAYLOAD_BYTES, TRACK_BYTES, VOLUME_BYTES_MAX, WORKERS_MAX,
+    CONNECTIONS_MAX, DEVICE_QUEUE_DEPTH_MAX, DEVICES_MAX, MAX_PAYLOAD_BYTES, TRACK_BYTES,
+    VOLUME_BYTES_MAX, WORKERS_MAX,
 };
 
 /// Parse a size such as `4096`, `512K`, `256M`, `1G`, `1GiB`, `2T`
@@ -159,6 +161,9 @@ pub struct Config {
     pub direct_io: bool,
     /// Most concurrent NBD connections.
     pub max_connections: usize,
+    /// Outstanding reads and writes per backend device (its submission
+    /// queue); a full queue makes the I/O back off and retry.
+    pub device_queue_depth: u32,
     /// Modelled device latency.
     pub device_latency: LatencyConfig,
     /// Faults armed at start, each as the words after `rebound inject`
@@ -188,6 +193,7 @@ impl Default for Config {
             flush: FlushPolicy::Devices,
             direct_io: false,
             max_connections: 64,
+            device_queue_depth: 32,
             device_latency: LatencyConfig::default(),
             inject: Vec::new(),
         }
@@ -366,6 +372,12 @@ impl Config {
             return Err(invalid(
                 "idle_spins",
                 format!("at most {}", rcs::limits::IDLE_SPINS_MAX),
+            ));
+        }
+        if self.device_queue_depth == 0 || self.device_queue_depth > DEVICE_QUEUE_DEPTH_MAX {
+            return Err(invalid(
+                "device_queue_depth",
+                format!("must be in 1..={DEVICE_QUEUE_DEPTH_MAX}"),
             ));
         }
         if self.max_connections == 0 || self.max_connections > CONNECTIONS_MAX {

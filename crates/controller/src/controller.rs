@@ -23,6 +23,7 @@ use parking_lot::Mutex;
 use crate::cache::{Cache, DirtyJournal};
 use crate::config::{Config, ConfigError, FlushPolicy};
 use crate::destage::DestageQueue;
+use crate::devqueue::DeviceQueue;
 use crate::journal::{BoxJournal, VolumeIdentity};
 use crate::limits::{MAX_PAYLOAD_BYTES, TRACK_BYTES};
 use crate::metrics::{Gauges, Metrics};
@@ -121,6 +122,8 @@ pub struct Controller {
     pub(crate) system: SystemRecovery,
     /// What the recovery box describes (checked again by rung 4).
     pub(crate) identity: VolumeIdentity,
+    /// One submission queue per device.
+    pub(crate) queues: Vec<DeviceQueue>,
     startup: StartupReport,
 }
 
@@ -308,6 +311,9 @@ impl Controller {
             preferred_block_bytes: TRACK_BYTES as u32,
             max_payload_bytes: MAX_PAYLOAD_BYTES,
         };
+        let queues = (0..config.devices)
+            .map(|_| DeviceQueue::new(config.device_queue_depth))
+            .collect();
         let ctl = Arc::new(Self {
             rt: runtime.handle(),
             runtime: Mutex::new(Some(runtime)),
@@ -325,6 +331,7 @@ impl Controller {
             recoveries: Arc::default(),
             system: SystemRecovery::default(),
             identity,
+            queues,
             startup: StartupReport {
                 kind,
                 scan,
@@ -390,6 +397,18 @@ impl Controller {
     /// Rung 4's state (requests in the pipeline, whether it runs).
     pub fn system(&self) -> &SystemRecovery {
         &self.system
+    }
+
+    /// The submission queue of the device holding `track` (the volume
+    /// stripes tracks round-robin over its devices).
+    pub(crate) fn queue(&self, track: u64) -> (usize, &DeviceQueue) {
+        let i = (track % self.queues.len() as u64) as usize;
+        (i, &self.queues[i])
+    }
+
+    /// The devices' submission queues.
+    pub fn device_queues(&self) -> &[DeviceQueue] {
+        &self.queues
     }
 
     /// The configuration.
@@ -470,6 +489,9 @@ impl Controller {
                 })
                 .collect(),
             rcs: Some(rcs),
+            device_queue: self.queues.iter().fold((0, 0), |(f, u), q| {
+                (f + q.full_count(), u + q.unsolicited_count())
+            }),
         }
     }
 

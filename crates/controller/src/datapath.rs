@@ -60,6 +60,10 @@ use crate::recovery::Rung;
 /// Redrives of one request before it is answered `EIO`.
 pub const MAX_REDRIVES: u8 = 3;
 
+/// Back-offs of one staging read on a full device queue before its stage
+/// fails (about 5 s at the longest back-off).
+pub const QUEUE_WAITS_MAX: u32 = 1000;
+
 /// Where a write's NVS slots stand (for the clean-up on drop).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum SlotState {
@@ -96,6 +100,8 @@ pub(crate) struct Request {
     escalated: bool,
     /// NVS slots to reserve before a parked write runs again.
     reserve_on_resume: u32,
+    /// Back-offs on a full device queue so far.
+    queue_waits: u32,
 }
 
 /// What the clean-up block of a failed request does.
@@ -160,6 +166,7 @@ impl Request {
             counted: false,
             escalated: false,
             reserve_on_resume: 0,
+            queue_waits: 0,
         }
     }
 
@@ -230,6 +237,7 @@ impl Request {
             counted,
             escalated: self.escalated,
             reserve_on_resume: 0,
+            queue_waits: 0,
         })
     }
 
@@ -658,11 +666,51 @@ fn device_stage(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Fail
     let first = req.first_track();
     let misses = std::mem::take(&mut req.misses);
     let mut modelled = std::time::Duration::ZERO;
-    for &(i, epoch) in &misses {
+    for (k, &(i, epoch)) in misses.iter().enumerate() {
         let track = first + i as u64;
+        let (queue_index, queue) = ctl.queue(track);
+        let tag = match queue.submit() {
+            Ok(tag) => tag,
+            Err(full) => {
+                // Rung 1: back off and retry the remaining misses later,
+                // without holding the worker; past the bound, fail the
+                // stage (its redrive, or rung 4, takes over).
+                if req.queue_waits >= QUEUE_WAITS_MAX {
+                    return Err(Failure::timeout(format!(
+                        "device {queue_index}: {full} through {QUEUE_WAITS_MAX} back-offs"
+                    )));
+                }
+                let wait = crate::devqueue::backoff(req.queue_waits);
+                req.queue_waits += 1;
+                req.misses = misses[k..].to_vec();
+                ctl.recoveries.record(
+                    Rung::Task,
+                    format!(
+                        "device {queue_index} {full}: staging read of track {track} backed off"
+                    ),
+                    wait,
+                    1,
+                );
+                continue_after(
+                    ctx,
+                    &ctl,
+                    modelled + wait,
+                    req,
+                    stage!(
+                        ctl.groups.device,
+                        Priority::High,
+                        device_stage,
+                        "device.read"
+                    ),
+                );
+                return Ok(());
+            }
+        };
         let chunk = &mut req.data[i * TRACK_BYTES..(i + 1) * TRACK_BYTES];
         let (dev, offset) = ctl.volume.locate(track);
-        if let Err(e) = dev.read_at(chunk, offset) {
+        let read = dev.read_at(chunk, offset);
+        queue.complete(tag);
+        if let Err(e) = read {
             tracing::error!(error = %e, track, "device read failed");
             req.reply(Err((NbdError::Io, "device read failed")));
             return Ok(());

@@ -27,6 +27,7 @@ use rcs::Priority;
 
 use crate::controller::Controller;
 use crate::limits::{DESTAGE_BATCH_TRACKS, DESTAGE_TASKS_MAX, TRACK_BYTES};
+use crate::recovery::Rung;
 
 /// Period of the destage tick.
 pub const TICK: Duration = Duration::from_millis(100);
@@ -112,14 +113,34 @@ pub(crate) fn kick(ctl: &Arc<Controller>) {
 
 /// One destage task: a batch, then either another task or stop.
 fn batch(ctl: &Arc<Controller>) {
-    for track in ctl.destage.pop_batch() {
+    let mut tracks = ctl.destage.pop_batch().into_iter();
+    while let Some(track) = tracks.next() {
         if ctl.system.is_quiescing() {
             // Stop between tracks; the rebuilt queue has the rest.
             break;
         }
-        if let Err(e) = one(ctl, track) {
-            tracing::warn!(track, error = %e, "destage failed; will retry");
-            ctl.destage.failed.lock().push(track);
+        match one(ctl, track) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                // Rung 1: the device queue is full; back off until the
+                // tick, with the rest of the batch.
+                let mut failed = ctl.destage.failed.lock();
+                failed.push(track);
+                let deferred = 1 + tracks.len();
+                failed.extend(tracks);
+                drop(failed);
+                ctl.recoveries.record(
+                    Rung::Task,
+                    format!("{e}: {deferred} destages deferred to the next tick"),
+                    TICK,
+                    0,
+                );
+                break;
+            }
+            Err(e) => {
+                tracing::warn!(track, error = %e, "destage failed; will retry");
+                ctl.destage.failed.lock().push(track);
+            }
         }
     }
     let q = &ctl.destage;
@@ -142,9 +163,18 @@ fn batch(ctl: &Arc<Controller>) {
 }
 
 /// Destage `track` if it is dirty and no destage of it is in flight.
-/// `Ok(false)`: nothing was done.
+/// `Ok(false)`: nothing was done. A full device queue is
+/// [`std::io::ErrorKind::WouldBlock`]: nothing was done, retry later.
 fn one(ctl: &Controller, track: u64) -> std::io::Result<bool> {
+    let (queue_index, queue) = ctl.queue(track);
+    let tag = queue.submit().map_err(|full| {
+        std::io::Error::new(
+            std::io::ErrorKind::WouldBlock,
+            format!("device {queue_index} {full}"),
+        )
+    })?;
     let Some(d) = ctl.cache.begin_destage(track) else {
+        queue.complete(tag);
         return Ok(false);
     };
     let mut buf = vec![0u8; TRACK_BYTES];
@@ -152,6 +182,7 @@ fn one(ctl: &Controller, track: u64) -> std::io::Result<bool> {
         let (dev, offset) = ctl.volume.locate(track);
         dev.write_at(&buf, offset)
     });
+    queue.complete(tag);
     let end = ctl.cache.end_destage(track, d, written.is_ok());
     if let Some(slot) = end.free {
         ctl.nvs.free(&[slot]);
@@ -195,8 +226,32 @@ fn read_record(
 /// as any write acknowledged before the call) or the track is clean.
 pub(crate) fn force(ctl: &Controller, track: u64) -> std::io::Result<()> {
     let deadline = Instant::now() + FORCE_WAIT;
+    let mut waits = 0;
     loop {
-        if one(ctl, track)? || !ctl.cache.is_dirty(track) {
+        match one(ctl, track) {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                // Rung 1: the device queue is full; back off and retry.
+                let wait = crate::devqueue::backoff(waits);
+                if waits == 0 {
+                    ctl.recoveries.record(
+                        Rung::Task,
+                        format!("{e}: forced destage of track {track} backed off"),
+                        wait,
+                        1,
+                    );
+                }
+                waits += 1;
+                if Instant::now() + wait >= deadline {
+                    return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, e));
+                }
+                std::thread::sleep(wait);
+                continue;
+            }
+            Err(e) => return Err(e),
+        }
+        if !ctl.cache.is_dirty(track) {
             return Ok(());
         }
         if Instant::now() >= deadline {

@@ -15,6 +15,7 @@
 //! | [`nvs`] | NVS: self-describing, checksummed records in a mapped file |
 //! | [`destage`] | destage of dirty tracks, FLUSH and FUA |
 //! | [`device`], [`volume`] | backend devices and the volume's track striping |
+//! | [`devqueue`] | device submission queues: queue full (back off), unsolicited completions (ignored) |
 //! | [`controller`] | composition, start-up (fast restart from the recovery box, or hard restart from an NVS scan), shutdown |
 //! | [`journal`] | what the recovery box holds: volume table, dirty directory, destage cursor |
 //! | [`recovery`] | the recovery log: every recovery, its rung, cause and duration |
@@ -38,6 +39,7 @@ pub mod datapath;
 pub mod destage;
 #[allow(unsafe_code)]
 pub mod device;
+pub mod devqueue;
 pub mod http;
 pub mod journal;
 pub mod limits;

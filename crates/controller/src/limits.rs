@@ -28,3 +28,5 @@ pub const DESTAGE_TASKS_MAX: u32 = 2;
 pub const CONNECTION_READ_BUFFER_BYTES: usize = 256 << 10;
 /// Handshake must complete within this time.
 pub const HANDSHAKE_TIMEOUT_SECS: u64 = 30;
+/// Deepest device submission queue accepted.
+pub const DEVICE_QUEUE_DEPTH_MAX: u32 = 4096;

@@ -103,6 +103,9 @@ pub struct Gauges {
     pub rcs: Option<rcs::MetricsSnapshot>,
     /// Per rung: name, recoveries, seconds spent, requests affected.
     pub rungs: Vec<RungTotals>,
+    /// Device submissions refused as queue full, and unsolicited
+    /// completions ignored (all devices).
+    pub device_queue: (u64, u64),
 }
 
 /// One rung's recovery totals for the exposition.
@@ -277,6 +280,18 @@ impl Metrics {
                 "counter",
                 "Tracks destaged to the devices.",
                 self.destaged_tracks.load(Ordering::Relaxed),
+            ),
+            (
+                "rebound_device_queue_full_total",
+                "counter",
+                "Device submissions refused because the queue was full (the I/O backed off).",
+                g.device_queue.0,
+            ),
+            (
+                "rebound_device_unsolicited_completions_total",
+                "counter",
+                "Device completions that matched no outstanding submission (ignored).",
+                g.device_queue.1,
             ),
             (
                 "rebound_destage_errors_total",
