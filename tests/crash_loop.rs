@@ -350,9 +350,11 @@ fn acknowledged_writes_survive_sigkill_when_the_recovery_box_is_damaged() {
 }
 
 /// Rung 4 under load: one connection writes throughout while the server
-/// runs system recoveries, on request, after a write fails in the middle of
-/// `cache.apply` (escalated: no task-level redrive is safe there), and with
-/// the recovery box abandoned (rebuilt from an NVS scan). The connection
+/// runs system recoveries on request, with the recovery box abandoned half
+/// way (rebuilt from an NVS scan from then on); writes also fail in the
+/// middle of `cache.apply` (each rolled back alone through Log(Lock) at
+/// rung 1, or escalated to rung 4 when another request touched a shard it
+/// changed). The connection
 /// never breaks, no write is answered with an error, and every track then
 /// holds a version real-time order allows.
 #[test]
@@ -405,13 +407,19 @@ fn acknowledged_writes_survive_system_recoveries_with_the_connection_up() {
         .and_then(|l| l.split_whitespace().nth(2))
         .and_then(|n| n.parse::<u64>().ok())
         .unwrap_or_else(|| panic!("no rung 4 count in status:\n{status}"));
-    assert!(
-        system >= injected && system <= injected + escalations,
-        "{injected} injected and up to {escalations} escalated system recoveries, status says {system}:\n{status}"
-    );
-    assert!(
-        system > injected,
-        "no write failing inside cache.apply escalated:\n{status}"
+    let task = status
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some("task"))
+        .and_then(|l| l.split_whitespace().nth(2))
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no rung 1 count in status:\n{status}"));
+    // Each write failing inside cache.apply was either rolled back alone
+    // through Log(Lock) and redriven (rung 1), or escalated (rung 4).
+    assert!(system >= injected, "{status}");
+    assert_eq!(
+        task + (system - injected),
+        escalations,
+        "{injected} injected system recoveries, {escalations} failures inside cache.apply:\n{status}"
     );
     let checked = verify(&server.addr, &mut ledger.lock().unwrap());
     eprintln!(

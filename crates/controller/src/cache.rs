@@ -16,6 +16,12 @@
 //! again from the NVS or the device (the micro-recovery for a corrupt
 //! control block).
 //!
+//! Each shard's lock is also a Log(Lock) tracked structure (paper §4):
+//! while a `cache.apply` task tracks a shard, every access to it by any
+//! thread is recorded in the shard's change-track log (reads as R, changes
+//! as W), so if the task fails part-way its restoration level says whether
+//! it may undo its own changes ([`Cache::undo_apply`]) or must escalate.
+//!
 //! # Invariants (per track, under its shard lock)
 //!
 //! - `dirty.seq` only grows; a write older than the current dirty record is
@@ -226,9 +232,57 @@ pub struct CacheStats {
     pub frames_rebuilt: AtomicU64,
 }
 
+/// How an operation uses a shard, for Log(Lock).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Use {
+    /// Reads directory entries (a dirty read if it reads a tracker's change).
+    Read,
+    /// Changes directory entries or frames.
+    Write,
+    /// Aggregates only (counts, lists for FLUSH): not an access to any
+    /// entry's value.
+    Quiet,
+}
+
+/// A shard's lock, and Log(Lock)'s view of it: every access under the
+/// shard lock also takes `accesses` (a read reads it, a change bumps it)
+/// while some actor tracks the shard, so the shard's change-track log sees
+/// every access in lock order. Untracked, this costs one relaxed load.
+struct ShardLock {
+    shard: Mutex<Shard>,
+    accesses: loglock::TrackedMutex<u64>,
+}
+
+impl ShardLock {
+    #[inline]
+    fn lock(&self, how: Use) -> parking_lot::MutexGuard<'_, Shard> {
+        let guard = self.shard.lock();
+        // Tracking starts under the shard lock (see `apply_write_tracked`),
+        // so this load cannot miss an access that must be recorded.
+        if how != Use::Quiet && self.accesses.core().is_tracked() {
+            let mut a = self.accesses.lock();
+            if how == Use::Write {
+                *a += 1;
+            } else {
+                let _ = *a;
+            }
+        }
+        guard
+    }
+}
+
+/// What undoing one applied track needs (the directory entry before).
+#[derive(Debug, Clone, Copy)]
+pub struct ApplyUndo {
+    track: u64,
+    before: Option<Dirty>,
+    queued: bool,
+    applied: Dirty,
+}
+
 /// The cache.
 pub struct Cache {
-    shards: Box<[CachePadded<Mutex<Shard>>]>,
+    shards: Box<[CachePadded<ShardLock>]>,
     zeroing: RwLock<Vec<(u64, u64)>>,
     stats: CacheStats,
     frames: usize,
@@ -260,21 +314,24 @@ impl Cache {
         let per_shard = frames.div_ceil(CACHE_SHARDS).max(1);
         let shards = (0..CACHE_SHARDS)
             .map(|_| {
-                CachePadded::new(Mutex::new(Shard {
-                    map: FxHashMap::default(),
-                    frames: (0..per_shard)
-                        .map(|_| Frame {
-                            track: EMPTY_TRACK,
-                            referenced: false,
-                            lrc: 0,
-                            data: Box::default(),
-                        })
-                        .collect(),
-                    free: (0..per_shard as u32).rev().collect(),
-                    hand: 0,
-                    epoch: 0,
-                    dirty: 0,
-                }))
+                CachePadded::new(ShardLock {
+                    accesses: loglock::TrackedMutex::new("cache shard", 0),
+                    shard: Mutex::new(Shard {
+                        map: FxHashMap::default(),
+                        frames: (0..per_shard)
+                            .map(|_| Frame {
+                                track: EMPTY_TRACK,
+                                referenced: false,
+                                lrc: 0,
+                                data: Box::default(),
+                            })
+                            .collect(),
+                        free: (0..per_shard as u32).rev().collect(),
+                        hand: 0,
+                        epoch: 0,
+                        dirty: 0,
+                    }),
+                })
             })
             .collect();
         Self {
@@ -314,12 +371,15 @@ impl Cache {
 
     /// Tracks with a dirty record.
     pub fn dirty_tracks(&self) -> u64 {
-        self.shards.iter().map(|s| u64::from(s.lock().dirty)).sum()
+        self.shards
+            .iter()
+            .map(|s| u64::from(s.lock(Use::Quiet).dirty))
+            .sum()
     }
 
     /// Read `track` into `out` from a frame or its NVS record.
     pub fn read(&self, track: u64, out: &mut [u8], nvs: &Nvs) -> Result<ReadOutcome, NvsError> {
-        let mut guard = self.shards[shard_of(track)].lock();
+        let mut guard = self.shards[shard_of(track)].lock(Use::Read);
         let shard = &mut *guard;
         let Some(e) = shard.map.get(&track).copied() else {
             self.stats.misses.fetch_add(1, Ordering::Relaxed);
@@ -364,7 +424,7 @@ impl Cache {
     /// Install data read from the device after a miss, unless anything in
     /// the shard changed since (then the read may be stale; it is dropped).
     pub fn install_staged(&self, track: u64, data: &[u8], epoch: u64) -> bool {
-        let mut guard = self.shards[shard_of(track)].lock();
+        let mut guard = self.shards[shard_of(track)].lock(Use::Write);
         let shard = &mut *guard;
         if shard.epoch != epoch {
             return false;
@@ -377,8 +437,113 @@ impl Cache {
 
     /// Apply a write whose record (`slot`, `seq`) is already in the NVS.
     pub fn apply_write(&self, track: u64, slot: u32, seq: u64, data: &[u8]) -> Applied {
-        let mut guard = self.shards[shard_of(track)].lock();
-        let shard = &mut *guard;
+        let mut guard = self.shards[shard_of(track)].lock(Use::Write);
+        self.apply_locked(&mut guard, track, slot, seq, data)
+    }
+
+    /// [`Cache::apply_write`] by a recoverable actor (rung 1 through
+    /// Log(Lock), paper §4): under the shard lock the actor starts tracking
+    /// the shard (the first time), the access is recorded (saving the
+    /// shard's access count in the actor's undo log), and the entry as it
+    /// was goes to `undo`, for [`Cache::undo_apply`].
+    pub fn apply_write_tracked(
+        &self,
+        track: u64,
+        (slot, seq): (u32, u64),
+        data: &[u8],
+        actor: &loglock::Actor,
+        undo: &mut Vec<ApplyUndo>,
+    ) -> Result<Applied, loglock::LogError> {
+        let lock = &self.shards[shard_of(track)];
+        let mut guard = lock.shard.lock();
+        if !actor.is_tracking(&lock.accesses) {
+            actor.start_tracking(&lock.accesses)?;
+        }
+        *lock.accesses.lock() += 1;
+        let before = guard
+            .map
+            .get(&track)
+            .map_or((None, false), |e| (e.dirty, e.queued));
+        let applied = self.apply_locked(&mut guard, track, slot, seq, data);
+        let d = Dirty { slot, seq };
+        if guard.map.get(&track).and_then(|e| e.dirty) == Some(d) {
+            undo.push(ApplyUndo {
+                track,
+                before: before.0,
+                queued: before.1,
+                applied: d,
+            });
+        }
+        Ok(applied)
+    }
+
+    /// The shards `undo` touched, for the actor's restoration level.
+    pub fn undo_locks<'a>(&'a self, undo: &[ApplyUndo]) -> Vec<&'a dyn loglock::Tracked> {
+        let mut idx: Vec<usize> = undo.iter().map(|u| shard_of(u.track)).collect();
+        idx.sort_unstable();
+        idx.dedup();
+        idx.into_iter()
+            .map(|i| &self.shards[i].accesses as &dyn loglock::Tracked)
+            .collect()
+    }
+
+    /// Single-actor rollback of a partly applied write: with every shard in
+    /// `undo` locked (in index order), ask `still_safe` (Log(Lock)'s
+    /// rollback, which restores the shards' access counts only if no other
+    /// actor read or overwrote them since the recovery point) and, if so,
+    /// put each entry back as it was (newest first): its dirty record, its
+    /// journal item, its dirty count; its frame, which held the new data,
+    /// is dropped. Returns whether it rolled back. The superseded records
+    /// must not have been freed (the caller frees them only on success).
+    pub fn undo_apply(&self, undo: &[ApplyUndo], still_safe: impl FnOnce() -> bool) -> bool {
+        let mut idx: Vec<usize> = undo.iter().map(|u| shard_of(u.track)).collect();
+        idx.sort_unstable();
+        idx.dedup();
+        let mut guards: Vec<(usize, parking_lot::MutexGuard<'_, Shard>)> = idx
+            .iter()
+            .map(|&i| (i, self.shards[i].shard.lock()))
+            .collect();
+        if !still_safe() {
+            return false;
+        }
+        for u in undo.iter().rev() {
+            let i = shard_of(u.track);
+            let shard = &mut *guards
+                .iter_mut()
+                .find(|(g, _)| *g == i)
+                .expect("every shard of the undo is locked")
+                .1;
+            shard.epoch += 1;
+            let Some(e) = shard.map.get_mut(&u.track) else {
+                debug_assert!(false, "an applied track left the directory");
+                continue;
+            };
+            debug_assert_eq!(e.dirty, Some(u.applied), "no one changed it (no LU)");
+            e.dirty = u.before;
+            e.queued = u.queued;
+            if u.before.is_some() {
+                self.journal_record(e, u.track);
+            } else {
+                self.journal_forget(e);
+                shard.dirty -= 1;
+            }
+            // The frame holds the new data: drop it (it is only a copy).
+            shard.drop_frame(u.track);
+            if shard.map.get(&u.track).is_some_and(Entry::is_idle) {
+                shard.map.remove(&u.track);
+            }
+        }
+        true
+    }
+
+    fn apply_locked(
+        &self,
+        shard: &mut Shard,
+        track: u64,
+        slot: u32,
+        seq: u64,
+        data: &[u8],
+    ) -> Applied {
         shard.epoch += 1;
         let e = shard.map.entry(track).or_insert_with(Entry::new);
         if let Some(current) = e.dirty
@@ -407,7 +572,7 @@ impl Cache {
     /// Start destaging `track`: its dirty record, unless it is clean,
     /// already being destaged, or inside a range being zeroed.
     pub fn begin_destage(&self, track: u64) -> Option<Dirty> {
-        let mut guard = self.shards[shard_of(track)].lock();
+        let mut guard = self.shards[shard_of(track)].lock(Use::Write);
         let shard = &mut *guard;
         if self
             .zeroing
@@ -429,7 +594,7 @@ impl Cache {
 
     /// End the destage of `d` (`written`: the device write succeeded).
     pub fn end_destage(&self, track: u64, d: Dirty, written: bool) -> Destaged {
-        let mut guard = self.shards[shard_of(track)].lock();
+        let mut guard = self.shards[shard_of(track)].lock(Use::Write);
         let shard = &mut *guard;
         shard.epoch += 1;
         let Some(e) = shard.map.get_mut(&track) else {
@@ -465,7 +630,7 @@ impl Cache {
     /// Copy the cached frame of `track` into `out` if it holds the data of
     /// dirty record `d` (used when the record itself fails its checksum).
     pub fn dirty_copy(&self, track: u64, d: Dirty, out: &mut [u8]) -> bool {
-        let shard = self.shards[shard_of(track)].lock();
+        let shard = self.shards[shard_of(track)].lock(Use::Read);
         let Some(e) = shard.map.get(&track) else {
             return false;
         };
@@ -487,7 +652,7 @@ impl Cache {
 
     /// Whether `track` has a dirty record or a destage in flight.
     pub fn is_dirty(&self, track: u64) -> bool {
-        let shard = self.shards[shard_of(track)].lock();
+        let shard = self.shards[shard_of(track)].lock(Use::Read);
         shard
             .map
             .get(&track)
@@ -498,7 +663,7 @@ impl Cache {
     pub fn dirty_snapshot(&self) -> Vec<u64> {
         let mut out = Vec::new();
         for s in self.shards.iter() {
-            let shard = s.lock();
+            let shard = s.lock(Use::Quiet);
             out.extend(
                 shard
                     .map
@@ -513,7 +678,7 @@ impl Cache {
     /// Register a record found in the NVS at start-up (newest per track
     /// wins; returns the slot of the loser to free, and whether to queue).
     pub fn recover_dirty(&self, track: u64, slot: u32, seq: u64) -> Applied {
-        let mut guard = self.shards[shard_of(track)].lock();
+        let mut guard = self.shards[shard_of(track)].lock(Use::Write);
         let shard = &mut *guard;
         let e = shard.map.entry(track).or_insert_with(Entry::new);
         match e.dirty {
@@ -539,7 +704,7 @@ impl Cache {
 
     /// Register a dirty record that the journal already holds (fast restart).
     pub fn adopt_dirty(&self, track: u64, d: Dirty, handle: u32) {
-        let mut guard = self.shards[shard_of(track)].lock();
+        let mut guard = self.shards[shard_of(track)].lock(Use::Write);
         let shard = &mut *guard;
         let e = shard.map.entry(track).or_insert_with(Entry::new);
         debug_assert!(e.dirty.is_none(), "the journal names track {track} twice");
@@ -556,7 +721,7 @@ impl Cache {
 
     /// Whether a destage of a track in `[first, end)` is in flight.
     pub fn destaging_in(&self, first: u64, end: u64) -> bool {
-        self.for_range_shards(first, end, |shard| {
+        self.for_range_shards(first, end, Use::Read, |shard| {
             shard
                 .map
                 .iter()
@@ -569,7 +734,7 @@ impl Cache {
     /// Returns the slots to free.
     pub fn end_zeroing(&self, first: u64, end: u64, seq: u64) -> Vec<u32> {
         let mut free = Vec::new();
-        self.for_range_shards(first, end, |shard| {
+        self.for_range_shards(first, end, Use::Write, |shard| {
             shard.epoch += 1;
             let tracks: Vec<u64> = shard
                 .map
@@ -613,6 +778,7 @@ impl Cache {
         &self,
         first: u64,
         end: u64,
+        how: Use,
         mut f: impl FnMut(&mut Shard) -> bool,
     ) -> bool {
         let span = end.saturating_sub(first);
@@ -622,12 +788,12 @@ impl Cache {
             for t in first..end {
                 let s = shard_of(t);
                 if !std::mem::replace(&mut seen[s], true) {
-                    any |= f(&mut self.shards[s].lock());
+                    any |= f(&mut self.shards[s].lock(how));
                 }
             }
         } else {
             for s in self.shards.iter() {
-                any |= f(&mut s.lock());
+                any |= f(&mut s.lock(how));
             }
         }
         any
@@ -639,7 +805,7 @@ impl Cache {
     /// quiesce first: nothing may use the cache during the reset.
     pub fn reset(&self) {
         for s in self.shards.iter() {
-            let mut shard = s.lock();
+            let mut shard = s.lock(Use::Write);
             let shard = &mut *shard;
             shard.map.clear();
             for f in &mut shard.frames {
@@ -663,7 +829,7 @@ impl Cache {
     /// Corrupt the check word of the frame caching `track`, if any (fault
     /// injection: "a control block failing its checksum").
     pub fn damage_frame(&self, track: u64) -> bool {
-        let mut guard = self.shards[shard_of(track)].lock();
+        let mut guard = self.shards[shard_of(track)].lock(Use::Write);
         let shard = &mut *guard;
         let Some(f) = shard
             .map
@@ -700,6 +866,84 @@ mod tests {
             Dirty { slot, seq },
             cache.apply_write(track, slot, seq, &data),
         )
+    }
+
+    /// Apply `byte` to `tracks` as Log(Lock) actor `actor`; the undo list.
+    fn apply_tracked(
+        cache: &Cache,
+        nvs: &Nvs,
+        actor: &loglock::Actor,
+        tracks: &[u64],
+        byte: u8,
+    ) -> Vec<ApplyUndo> {
+        let mut undo = Vec::new();
+        for &track in tracks {
+            let slot = nvs.reserve(1, Duration::from_secs(1)).unwrap()[0];
+            let seq = nvs.next_seqs(1);
+            let data = vec![byte; TRACK_BYTES];
+            nvs.write_record(slot, seq, track, &data);
+            cache
+                .apply_write_tracked(track, (slot, seq), &data, actor, &mut undo)
+                .unwrap();
+        }
+        undo
+    }
+
+    fn read_byte(cache: &Cache, nvs: &Nvs, track: u64) -> Option<u8> {
+        let mut out = vec![0u8; TRACK_BYTES];
+        match cache.read(track, &mut out, nvs).unwrap() {
+            ReadOutcome::Miss { .. } => None,
+            _ => Some(out[0]),
+        }
+    }
+
+    #[test]
+    fn a_partly_applied_write_is_undone_when_log_lock_finds_no_other_access() {
+        let (_d, nvs) = nvs();
+        let cache = Cache::new(256, None);
+        write(&cache, &nvs, 1, 0x0a);
+        let actor = loglock::Actor::begin(9_001);
+        let point = actor
+            .recovery_point(loglock::RecoveryCriterion::ISOLATED_ROLLBACK)
+            .unwrap();
+        let undo = apply_tracked(&cache, &nvs, &actor, &[1, 2], 0x0b);
+        assert_eq!(undo.len(), 2);
+        assert_eq!(cache.dirty_tracks(), 2);
+        let locks = cache.undo_locks(&undo);
+        assert_eq!(locks.len(), 2, "tracks 1 and 2 are in two shards");
+        let decision = actor.decide(&point, &locks).unwrap();
+        assert!(decision.single_actor_rollback(), "{decision:?}");
+        assert!(cache.undo_apply(&undo, || actor.rollback(&point).is_ok()));
+        drop(actor);
+        assert_eq!(
+            read_byte(&cache, &nvs, 1),
+            Some(0x0a),
+            "the older write again"
+        );
+        assert_eq!(read_byte(&cache, &nvs, 2), None, "never written");
+        assert_eq!(cache.dirty_tracks(), 1);
+    }
+
+    #[test]
+    fn a_dirty_read_by_another_thread_rules_out_the_rollback() {
+        let (_d, nvs) = nvs();
+        let cache = Cache::new(256, None);
+        write(&cache, &nvs, 1, 0x0a);
+        let actor = loglock::Actor::begin(9_002);
+        let point = actor
+            .recovery_point(loglock::RecoveryCriterion::ISOLATED_ROLLBACK)
+            .unwrap();
+        let undo = apply_tracked(&cache, &nvs, &actor, &[1], 0x0b);
+        // Another thread (another actor) reads the changed track.
+        std::thread::scope(|s| {
+            s.spawn(|| assert_eq!(read_byte(&cache, &nvs, 1), Some(0x0b)));
+        });
+        let decision = actor.decide(&point, &cache.undo_locks(&undo)).unwrap();
+        assert!(decision.level.dr, "{decision:?}");
+        assert!(!decision.single_actor_rollback());
+        // Even asked to, the rollback re-checks under the locks and refuses.
+        assert!(!cache.undo_apply(&undo, || actor.rollback(&point).is_ok()));
+        assert_eq!(read_byte(&cache, &nvs, 1), Some(0x0b), "nothing was undone");
     }
 
     #[test]

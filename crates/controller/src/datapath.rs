@@ -44,6 +44,7 @@
 #![allow(clippy::boxed_local)]
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use rcs::fault::FaultPoint;
@@ -102,6 +103,12 @@ pub(crate) struct Request {
     reserve_on_resume: u32,
     /// Back-offs on a full device queue so far.
     queue_waits: u32,
+    /// A write that failed inside `cache.apply` was rolled back out of the
+    /// directory (Log(Lock)): redriving it from `nvs.write` is safe.
+    rolled_back: bool,
+    /// What the failed stage's handler found (Log(Lock)'s decision), for
+    /// the recovery log record of the redrive or escalation.
+    note: Option<String>,
 }
 
 /// What the clean-up block of a failed request does.
@@ -167,6 +174,8 @@ impl Request {
             escalated: false,
             reserve_on_resume: 0,
             queue_waits: 0,
+            rolled_back: false,
+            note: None,
         }
     }
 
@@ -186,8 +195,12 @@ impl Request {
             match self.header.kind {
                 cmd::READ => Some(stage!(g.cache, Priority::High, cache_read, "cache.read")),
                 // Failed inside cache.apply, the write may be partly in the
-                // directory: rewriting its slots is not safe (rung 4).
-                cmd::WRITE if self.slot_state != SlotState::Applied && at.name != "cache.apply" => {
+                // directory: rewriting its slots is safe only once Log(Lock)
+                // rolled it back out (else rung 4).
+                cmd::WRITE
+                    if self.slot_state != SlotState::Applied
+                        && (at.name != "cache.apply" || self.rolled_back) =>
+                {
                     Some(stage!(g.nvs, Priority::High, nvs_write, "nvs.write"))
                 }
                 cmd::WRITE if at.name == "device.fua" => Some(at),
@@ -238,6 +251,8 @@ impl Request {
             escalated: self.escalated,
             reserve_on_resume: 0,
             queue_waits: 0,
+            rolled_back: false,
+            note: None,
         })
     }
 
@@ -261,8 +276,9 @@ impl Request {
         ctl.recoveries.record(
             Rung::Task,
             format!(
-                "stage {} failed; request redriven from {}",
+                "stage {} failed; {}request redriven from {}",
                 self.at.map_or("?", |a| a.name),
+                self.note.take().map_or(String::new(), |n| n + "; "),
                 from.name
             ),
             std::time::Duration::ZERO,
@@ -288,7 +304,7 @@ impl Request {
         let ctl = Arc::clone(self.ctl());
         let at = self.at.expect("escalated requests have a stage");
         let cause = format!(
-            "{} {} failed in {} after {} redrives; no task-level recovery is provably safe",
+            "{} {} failed in {} after {} redrives; {}",
             if self.header.kind == cmd::WRITE {
                 "a WRITE"
             } else {
@@ -296,7 +312,10 @@ impl Request {
             },
             self.header.cookie,
             at.name,
-            self.redrives
+            self.redrives,
+            self.note
+                .take()
+                .unwrap_or_else(|| "no task-level recovery is provably safe".to_owned())
         );
         // The stage is only a placeholder: parking picks the real one.
         let mut req = self.successor(at);
@@ -774,26 +793,69 @@ fn nvs_write(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failure
 /// Fault point inside `cache.apply`, after each track enters the directory.
 static APPLY_TRACK: FaultPoint = FaultPoint::new("cache.apply.track");
 
+/// Log(Lock) actor ids for `cache.apply` tasks (unique among live actors).
+static NEXT_ACTOR: AtomicU64 = AtomicU64::new(1);
+
 /// cache: put the written tracks in the directory (and cache), free
 /// superseded records, queue destage.
+///
+/// The task is a Log(Lock) actor (paper §4) while it changes the
+/// directory: it tracks each cache shard it writes from its first write,
+/// under the shard lock, and keeps the entries as they were. If it fails
+/// part-way ([`recover_apply`]), the protocols decide from the restoration
+/// level whether it may roll back alone.
 fn cache_apply(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failure> {
     let ctl = Arc::clone(req.ctl());
     let first_seq = req.misses[0].1;
     let first = req.first_track();
     let mut free = Vec::new();
-    for (i, chunk) in req.payload.chunks(TRACK_BYTES).enumerate() {
-        let track = first + i as u64;
-        let applied = ctl
-            .cache
-            .apply_write(track, req.slots[i], first_seq + i as u64, chunk);
-        free.extend(applied.free);
-        if applied.queue {
-            ctl.destage.push(track);
-        }
-        // A fault here leaves the write partly in the directory: no
-        // task-level redrive is provably safe (rung 4's case).
-        APPLY_TRACK.check()?;
+    let mut undo = Vec::new();
+    let actor = loglock::Actor::begin(NEXT_ACTOR.fetch_add(1, Ordering::Relaxed));
+    let point = actor
+        .recovery_point(loglock::RecoveryCriterion::ISOLATED_ROLLBACK)
+        .map_err(|e| Failure::internal_logic(format!("Log(Lock): {e}")))?;
+    let applied =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<(), Failure> {
+            for (i, chunk) in req.payload.chunks(TRACK_BYTES).enumerate() {
+                let track = first + i as u64;
+                let applied = ctl
+                    .cache
+                    .apply_write_tracked(
+                        track,
+                        (req.slots[i], first_seq + i as u64),
+                        chunk,
+                        &actor,
+                        &mut undo,
+                    )
+                    .map_err(|e| Failure::internal_logic(format!("Log(Lock): {e}")))?;
+                free.extend(applied.free);
+                if applied.queue {
+                    ctl.destage.push(track);
+                }
+                // A fault here leaves the write partly in the directory.
+                APPLY_TRACK.check()?;
+            }
+            Ok(())
+        }));
+    let failure = match applied {
+        Ok(Ok(())) => None,
+        Ok(Err(f)) => Some(f),
+        Err(panic) => Some(Failure::new(
+            rcs::FailureClass::Panic,
+            panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "panic inside cache.apply".to_owned()),
+        )),
+    };
+    if let Some(failure) = failure {
+        recover_apply(&ctl, &mut req, &actor, &point, &undo);
+        // The superseded records stay: after a rollback the directory names
+        // them again; after an escalation rung 4 decides.
+        return Err(failure);
     }
+    drop(actor);
     req.slot_state = SlotState::Applied;
     req.slots.clear();
     ctl.nvs.free(&free);
@@ -813,6 +875,64 @@ fn cache_apply(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failu
         );
     }
     Ok(())
+}
+
+/// Rung 1 through Log(Lock) for a write that failed inside `cache.apply`
+/// (the paper's "panic inside cache processing"). The resource recovery
+/// protocol has nothing to release (the shard locks are released; the NVS
+/// slots are the request's). The state recovery protocol, on the merged
+/// restoration level of the shards the write changed since the recovery
+/// point, with the criterion DR, LU and RR forbidden:
+///
+/// - rule 1 (criterion met: no other actor read or overwrote a changed
+///   shard): single-actor rollback. With the shards locked, Log(Lock)
+///   re-checks and the directory entries are put back; the write is then
+///   exactly "records written, not in the directory", and its clean-up
+///   block redrives it from `nvs.write` (still rung 1).
+/// - rules 2 and 3 (a dirty read or a lost update): rolling back alone
+///   would lose or contradict what the other actor did; multi-actor
+///   rollback and error compensation are not implemented for the cache,
+///   so the system-level strategy is taken: the clean-up block escalates
+///   to rung 4, which rebuilds the directory from the recovery box.
+fn recover_apply(
+    ctl: &Arc<Controller>,
+    req: &mut Request,
+    actor: &loglock::Actor,
+    point: &loglock::RecoveryPoint,
+    undo: &[crate::cache::ApplyUndo],
+) {
+    if undo.is_empty() {
+        // Nothing of the write entered the directory.
+        req.rolled_back = true;
+        return;
+    }
+    let locks = ctl.cache.undo_locks(undo);
+    let why = match actor.decide(point, &locks) {
+        Ok(d) if d.single_actor_rollback() => {
+            if ctl.cache.undo_apply(undo, || actor.rollback(point).is_ok()) {
+                req.rolled_back = true;
+                req.note = Some(format!(
+                    "Log(Lock): no dirty read or lost update on {} shards since the recovery point, {} tracks rolled back alone",
+                    locks.len(),
+                    undo.len()
+                ));
+                return;
+            }
+            "Log(Lock): another actor interfered between the decision and the rollback".to_owned()
+        }
+        Ok(d) => format!(
+            "Log(Lock) restoration level DR={} LU={} UR={} CD={} on {} shards: {:?} allowed, system level taken",
+            d.level.dr,
+            d.level.lu,
+            d.level.ur,
+            d.level.cd,
+            locks.len(),
+            d.strategies
+        ),
+        Err(e) => format!("Log(Lock) could not decide: {e}"),
+    };
+    tracing::warn!(cookie = req.header.cookie, %why, "a write failed inside cache.apply");
+    req.note = Some(why);
 }
 
 /// device: make a FUA write durable before its reply.
