@@ -73,6 +73,11 @@ pub struct ServeArgs {
     /// an I/O back off and retry (rung 1) [default: 32].
     #[arg(long, value_name = "N")]
     device_queue_depth: Option<u32>,
+    /// Request control blocks: requests in flight across all connections;
+    /// admission waits for a free one, and leaked ones are reclaimed
+    /// (rung 1) [default: 4096].
+    #[arg(long, value_name = "N")]
+    control_blocks: Option<u32>,
     /// Modelled device latency per I/O, microseconds (experiments) [default: 0].
     #[arg(long, value_name = "US")]
     device_latency_us: Option<u64>,
@@ -111,7 +116,8 @@ impl ServeArgs {
             workers,
             policy,
             max_connections,
-            device_queue_depth
+            device_queue_depth,
+            control_blocks
         );
         if let Some(v) = &self.nvs {
             c.nvs = Some(v.clone());

@@ -31,7 +31,9 @@
 //! to redrive: rung 4; see [`datapath`](crate::datapath)), and
 //! `device.queue-full` (armed with `fail`: a device submission is refused
 //! as if its queue were full, and the I/O backs off; see
-//! [`devqueue`](crate::devqueue)). Defaults: `rate=1`,
+//! [`devqueue`](crate::devqueue)), and `host.cb-leak` (armed with `fail`:
+//! a request's control block is not given back, until an exhausted pool's
+//! audit reclaims it; see [`ctlblock`](crate::ctlblock)). Defaults: `rate=1`,
 //! `count=1` for fault points; `rate=1e-4`, `duration=20ms` for
 //! group faults (the paper's numbers).
 
@@ -51,7 +53,7 @@ use crate::controller::Controller;
 pub const REQUEST_BYTES_MAX: usize = 1024;
 
 /// Fault points of the data path.
-pub const FAULT_POINTS: [&str; 11] = [
+pub const FAULT_POINTS: [&str; 12] = [
     "host.receive",
     "cache.read",
     "device.read",
@@ -63,6 +65,7 @@ pub const FAULT_POINTS: [&str; 11] = [
     "device.zero",
     "host.reply",
     "device.queue-full",
+    "host.cb-leak",
 ];
 
 /// A running admin socket; removes the socket file when dropped.
@@ -437,6 +440,13 @@ fn status(ctl: &Controller) -> String {
             "idle"
         },
         ctl.system().in_pipeline()
+    );
+    let (exhausted, reclaimed, leaked) = ctl.blocks.counts();
+    let _ = writeln!(
+        out,
+        "control blocks: {} of {} free; exhausted {exhausted} times; {reclaimed} leaked blocks reclaimed; {leaked} releases lost (injected)",
+        ctl.blocks.available(),
+        ctl.blocks.capacity()
     );
     for (i, q) in ctl.queues.iter().enumerate() {
         let _ = writeln!(

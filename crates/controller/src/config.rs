@@ -21,6 +21,7 @@
 //! direct_io = false
 //! max_connections = 64
 //! device_queue_depth = 32                  # per device; a full queue backs off (rung 1)
+//! control_blocks = 4096                    # requests in flight, all connections
 //! # faults armed at start (as `rebound inject` would; for experiments):
 //! inject = ["panic cache.read rate=0.001 count=unlimited",
 //!           "group-fault cache rate=1e-4 duration=20ms"]
@@ -36,8 +37,8 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::limits::{
-    CONNECTIONS_MAX, DEVICE_QUEUE_DEPTH_MAX, DEVICES_MAX, MAX_PAYLOAD_BYTES, TRACK_BYTES,
-    VOLUME_BYTES_MAX, WORKERS_MAX,
+    CONNECTIONS_MAX, CONTROL_BLOCKS_MAX, DEVICE_QUEUE_DEPTH_MAX, DEVICES_MAX, MAX_PAYLOAD_BYTES,
+    TRACK_BYTES, VOLUME_BYTES_MAX, WORKERS_MAX,
 };
 
 /// Parse a size such as `4096`, `512K`, `256M`, `1G`, `1GiB`, `2T`
@@ -164,6 +165,9 @@ pub struct Config {
     /// Outstanding reads and writes per backend device (its submission
     /// queue); a full queue makes the I/O back off and retry.
     pub device_queue_depth: u32,
+    /// Request control blocks: requests in flight across all connections
+    /// (admission waits for a free one; leaked ones are reclaimed).
+    pub control_blocks: u32,
     /// Modelled device latency.
     pub device_latency: LatencyConfig,
     /// Faults armed at start, each as the words after `rebound inject`
@@ -194,6 +198,7 @@ impl Default for Config {
             direct_io: false,
             max_connections: 64,
             device_queue_depth: 32,
+            control_blocks: 4096,
             device_latency: LatencyConfig::default(),
             inject: Vec::new(),
         }
@@ -372,6 +377,12 @@ impl Config {
             return Err(invalid(
                 "idle_spins",
                 format!("at most {}", rcs::limits::IDLE_SPINS_MAX),
+            ));
+        }
+        if self.control_blocks == 0 || self.control_blocks > CONTROL_BLOCKS_MAX {
+            return Err(invalid(
+                "control_blocks",
+                format!("must be in 1..={CONTROL_BLOCKS_MAX}"),
             ));
         }
         if self.device_queue_depth == 0 || self.device_queue_depth > DEVICE_QUEUE_DEPTH_MAX {

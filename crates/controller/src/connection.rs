@@ -28,6 +28,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::controller::Controller;
+use crate::ctlblock::Exhausted;
 use crate::datapath::{self, Request};
 use crate::limits::{
     CONNECTION_READ_BUFFER_BYTES, DISCARD_PAYLOAD_MAX, HANDSHAKE_TIMEOUT_SECS,
@@ -35,6 +36,7 @@ use crate::limits::{
 };
 use crate::nbd::handshake::{self, HandshakeError, Outcome};
 use crate::nbd::proto::{self, NbdError, REQUEST_BYTES, RequestHeader, chunk, cmd};
+use crate::recovery::Rung;
 
 struct Frame {
     head: Vec<u8>,
@@ -261,9 +263,11 @@ fn read_loop(conn: &Arc<Connection>, mut r: impl Read) -> Result<(), Violation> 
     }
 }
 
-/// Reserve `slots` NVS slots for `req` and submit it, inside the admission
-/// gate; wait for NVS space (kicking destage) outside it.
+/// Take a control block for `req`, reserve `slots` NVS slots for it and
+/// submit it, inside the admission gate; wait for a block or NVS space
+/// outside it.
 fn admit(ctl: &Arc<Controller>, mut req: Box<Request>, slots: u32) {
+    take_block(ctl, &mut req);
     loop {
         let _admission = ctl.system.admission();
         if slots > 0 {
@@ -281,6 +285,56 @@ fn admit(ctl: &Arc<Controller>, mut req: Box<Request>, slots: u32) {
         }
         datapath::submit(req);
         return;
+    }
+}
+
+/// Take a request control block, handling exhaustion (rung 1, see
+/// [`crate::ctlblock`]): reclaim leaked blocks, or wait for live requests to
+/// finish.
+fn take_block(ctl: &Arc<Controller>, req: &mut Request) {
+    let Some(alive) = req.alive.clone() else {
+        return;
+    };
+    let mut waits = 0u32;
+    let started = std::time::Instant::now();
+    loop {
+        match ctl.blocks.acquire(&alive) {
+            Ok(block) => {
+                if waits > 0 {
+                    ctl.recoveries.record(
+                        Rung::Task,
+                        format!(
+                            "control blocks exhausted ({} in use by live requests): admission waited",
+                            ctl.blocks.capacity()
+                        ),
+                        started.elapsed(),
+                        1,
+                    );
+                }
+                req.block = Some(block);
+                return;
+            }
+            Err(Exhausted::Reclaimed(n)) => {
+                tracing::warn!(
+                    reclaimed = n,
+                    "control blocks exhausted; leaked blocks reclaimed"
+                );
+                ctl.recoveries.record(
+                    Rung::Task,
+                    format!("control blocks exhausted: {n} leaked blocks (owners gone) reclaimed"),
+                    started.elapsed(),
+                    1,
+                );
+            }
+            Err(Exhausted::Busy) => {
+                if ctl.stopping.load(Ordering::SeqCst) {
+                    req.early_error = Some((NbdError::Shutdown, "the server is shutting down"));
+                    return;
+                }
+                std::thread::sleep(crate::devqueue::backoff(waits));
+                waits += 1;
+            }
+        }
     }
 }
 

@@ -22,6 +22,7 @@ use parking_lot::Mutex;
 
 use crate::cache::{Cache, DirtyJournal};
 use crate::config::{Config, ConfigError, FlushPolicy};
+use crate::ctlblock::ControlBlocks;
 use crate::destage::DestageQueue;
 use crate::devqueue::DeviceQueue;
 use crate::journal::{BoxJournal, VolumeIdentity};
@@ -124,6 +125,8 @@ pub struct Controller {
     pub(crate) identity: VolumeIdentity,
     /// One submission queue per device.
     pub(crate) queues: Vec<DeviceQueue>,
+    /// Request control blocks.
+    pub(crate) blocks: ControlBlocks,
     startup: StartupReport,
 }
 
@@ -311,6 +314,7 @@ impl Controller {
             preferred_block_bytes: TRACK_BYTES as u32,
             max_payload_bytes: MAX_PAYLOAD_BYTES,
         };
+        let blocks = ControlBlocks::new(config.control_blocks);
         let queues = (0..config.devices)
             .map(|_| DeviceQueue::new(config.device_queue_depth))
             .collect();
@@ -332,6 +336,7 @@ impl Controller {
             system: SystemRecovery::default(),
             identity,
             queues,
+            blocks,
             startup: StartupReport {
                 kind,
                 scan,
@@ -489,6 +494,7 @@ impl Controller {
                 })
                 .collect(),
             rcs: Some(rcs),
+            control_blocks: (u64::from(self.blocks.available()), self.blocks.counts().1),
             device_queue: self.queues.iter().fold((0, 0), |(f, u), q| {
                 (f + q.full_count(), u + q.unsolicited_count())
             }),

@@ -109,6 +109,10 @@ pub(crate) struct Request {
     /// What the failed stage's handler found (Log(Lock)'s decision), for
     /// the recovery log record of the redrive or escalation.
     note: Option<String>,
+    /// The request's control block (taken at admission).
+    pub(crate) block: Option<crate::ctlblock::Block>,
+    /// Alive while the request is (its control block's owner).
+    pub(crate) alive: Option<crate::ctlblock::Liveness>,
 }
 
 /// What the clean-up block of a failed request does.
@@ -176,6 +180,8 @@ impl Request {
             queue_waits: 0,
             rolled_back: false,
             note: None,
+            block: None,
+            alive: Some(Arc::new(())),
         }
     }
 
@@ -253,6 +259,8 @@ impl Request {
             queue_waits: 0,
             rolled_back: false,
             note: None,
+            block: self.block.take(),
+            alive: self.alive.take(),
         })
     }
 
@@ -444,6 +452,9 @@ impl Drop for Request {
         }
         if self.counted {
             self.ctl().system.left();
+        }
+        if let Some(block) = self.block.take() {
+            self.conn.ctl.blocks.release(block);
         }
     }
 }

@@ -11,6 +11,7 @@
 //! | [`admin`] | the admin socket: `rebound status`, `rebound inject` |
 //! | [`nbd`], [`connection`] | host adapter: handshake, request framing, batched replies |
 //! | [`datapath`] | the I/O path as tasks, stage by stage |
+//! | [`ctlblock`] | request control blocks: a bounded pool, leaked blocks reclaimed by audit |
 //! | [`cache`] | cache directory, CLOCK read cache, control-block check words |
 //! | [`nvs`] | NVS: self-describing, checksummed records in a mapped file |
 //! | [`destage`] | destage of dirty tracks, FLUSH and FUA |
@@ -35,6 +36,7 @@ pub mod cache;
 pub mod config;
 pub mod connection;
 pub mod controller;
+pub mod ctlblock;
 pub mod datapath;
 pub mod destage;
 #[allow(unsafe_code)]

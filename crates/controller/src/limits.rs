@@ -30,3 +30,5 @@ pub const CONNECTION_READ_BUFFER_BYTES: usize = 256 << 10;
 pub const HANDSHAKE_TIMEOUT_SECS: u64 = 30;
 /// Deepest device submission queue accepted.
 pub const DEVICE_QUEUE_DEPTH_MAX: u32 = 4096;
+/// Largest request control-block pool accepted.
+pub const CONTROL_BLOCKS_MAX: u32 = 1 << 20;

@@ -106,6 +106,8 @@ pub struct Gauges {
     /// Device submissions refused as queue full, and unsolicited
     /// completions ignored (all devices).
     pub device_queue: (u64, u64),
+    /// Request control blocks free, and leaked blocks reclaimed so far.
+    pub control_blocks: (u64, u64),
 }
 
 /// One rung's recovery totals for the exposition.
@@ -292,6 +294,18 @@ impl Metrics {
                 "counter",
                 "Device completions that matched no outstanding submission (ignored).",
                 g.device_queue.1,
+            ),
+            (
+                "rebound_control_blocks_free",
+                "gauge",
+                "Request control blocks free.",
+                g.control_blocks.0,
+            ),
+            (
+                "rebound_control_blocks_reclaimed_total",
+                "counter",
+                "Leaked request control blocks reclaimed by an exhausted pool's audit.",
+                g.control_blocks.1,
             ),
             (
                 "rebound_destage_errors_total",
