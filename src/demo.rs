@@ -7,9 +7,9 @@
 //!
 //! | at | fault | rung |
 //! |---|---|---|
-//! | 3 s | panics in `cache.read`, failures in `nvs.write` | 1: the failed stage's request is redriven |
+//! | 3 s | panics in `cache.read` and inside `cache.apply`, failures in `nvs.write` | 1: the failed stage's request is redriven (inside `cache.apply` after a Log(Lock) rollback; rung 4 if another request touched the write's shards) |
 //! | 6 s | the scheduling paper's fault emulation in the cache group, for 2 s | 2: group recovery |
-//! | 8 s | a write fails inside `cache.apply` (escalated), and one more on request | 4: in-process system recovery, connections up |
+//! | 8 s | a system recovery on request | 4: in-process system recovery, connections up |
 //! | 10 s | the process aborts | 5: fast restart from the recovery box (by the supervisor) |
 //! | 14 s | the recovery box is invalidated, then the process aborts | 6: hard restart from an NVS scan |
 //!
@@ -219,10 +219,11 @@ pub fn run(args: DemoArgs) -> anyhow::Result<std::process::ExitCode> {
         Phase {
             at: 3,
             rung: "1 task",
-            fault: "panics in cache.read, failures in nvs.write",
+            fault: "panics in cache.read and inside cache.apply, failures in nvs.write",
             requests: &[
                 "inject panic cache.read rate=0.02 count=100",
                 "inject fail nvs.write rate=0.02 count=100",
+                "inject panic cache.apply.track rate=0.02 count=20",
             ],
         },
         Phase {
@@ -234,12 +235,8 @@ pub fn run(args: DemoArgs) -> anyhow::Result<std::process::ExitCode> {
         Phase {
             at: 8,
             rung: "4 system",
-            fault: "a write fails inside cache.apply; one more on request",
-            requests: &[
-                "inject clear",
-                "inject panic cache.apply.track count=1",
-                "inject system",
-            ],
+            fault: "in-process system recovery on request",
+            requests: &["inject clear", "inject system"],
         },
         Phase {
             at: 10,
