@@ -73,10 +73,32 @@ impl OpRecord {
         persist_order();
     }
 
-    /// Clear (no operation in progress).
+    /// Clear (no operation in progress): the bytes of
+    /// `OpRecord::default().write`, with the all-zero record's checksum
+    /// computed once (every operation ends here).
     pub fn clear(b: &mut [u8]) {
+        static CLEARED_CRC: std::sync::LazyLock<u32> =
+            std::sync::LazyLock::new(|| crc(&[0u8; O_CRC]));
         persist_order();
-        OpRecord::default().write(b);
+        let r = &mut b[..OP_BYTES];
+        r[..O_CRC].fill(0);
+        put_u32(r, O_CRC, *CLEARED_CRC);
+        persist_order();
+    }
+}
+
+#[cfg(test)]
+mod op_record_tests {
+    use super::*;
+
+    #[test]
+    fn a_cleared_record_is_byte_for_byte_the_default_record() {
+        let mut a = [0xa5u8; OP_BYTES];
+        let mut b = [0x5au8; OP_BYTES];
+        OpRecord::clear(&mut a);
+        OpRecord::default().write(&mut b);
+        assert_eq!(a, b);
+        assert_eq!(OpRecord::read(&a), OpRecord::default());
     }
 }
 
