@@ -401,18 +401,8 @@ fn acknowledged_writes_survive_system_recoveries_with_the_connection_up() {
     assert!(!broke, "the connection broke during system recoveries");
     assert!(issued > 0, "the client never got to write");
     let status = server.admin("status").unwrap();
-    let system = status
-        .lines()
-        .find(|l| l.split_whitespace().nth(1) == Some("system"))
-        .and_then(|l| l.split_whitespace().nth(2))
-        .and_then(|n| n.parse::<u64>().ok())
-        .unwrap_or_else(|| panic!("no rung 4 count in status:\n{status}"));
-    let task = status
-        .lines()
-        .find(|l| l.split_whitespace().nth(1) == Some("task"))
-        .and_then(|l| l.split_whitespace().nth(2))
-        .and_then(|n| n.parse::<u64>().ok())
-        .unwrap_or_else(|| panic!("no rung 1 count in status:\n{status}"));
+    let system = common::rung_count(&status, "system");
+    let task = common::rung_count(&status, "task");
     // Each write failing inside cache.apply was either rolled back alone
     // through Log(Lock) and redriven (rung 1), or escalated (rung 4).
     assert!(system >= injected, "{status}");

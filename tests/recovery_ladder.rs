@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::raw::{self, Raw};
-use common::{Server, free_port, tool};
+use common::{Server, free_port, rung_count, tool};
 
 /// Run qemu-io commands against `uri`; panics with the output on any
 /// failure message.
@@ -33,15 +33,6 @@ fn qemu_io(target: &[&str], commands: &[String]) -> String {
         "qemu-io reported an error: {text}"
     );
     text
-}
-
-fn rung_count(status: &str, rung: &str) -> u64 {
-    status
-        .lines()
-        .find(|l| l.split_whitespace().nth(1) == Some(rung))
-        .and_then(|l| l.split_whitespace().nth(2))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no count for rung {rung} in status:\n{status}"))
 }
 
 #[test]
@@ -221,7 +212,7 @@ fn a_dirty_read_of_a_partly_applied_write_rules_out_rollback_and_escalates_to_ru
     // directory; meanwhile another request reads that track (a dirty
     // read); then the write fails after its second track.
     server
-        .admin("inject delay cache.apply.track duration=400ms count=1")
+        .admin("inject delay cache.apply.track duration=1s count=1")
         .unwrap();
     raw_write(&mut writer, 2, 0, 0x22, 8192);
     std::thread::sleep(Duration::from_millis(100));

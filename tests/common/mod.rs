@@ -217,6 +217,17 @@ fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
     }
 }
 
+/// The count of recoveries at `rung` (its name: task, group, system, ...)
+/// in a `rebound status` answer.
+pub fn rung_count(status: &str, rung: &str) -> u64 {
+    status
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some(rung))
+        .and_then(|l| l.split_whitespace().nth(2))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count for rung {rung} in status:\n{status}"))
+}
+
 /// Run a command; panic with its output unless it succeeds.
 pub fn run_ok(cmd: &mut Command) -> Output {
     let out = cmd.output().expect("spawning a client");

@@ -292,16 +292,7 @@ impl Request {
             std::time::Duration::ZERO,
             1,
         );
-        let submitted = ctl
-            .rt
-            .submit_named(from.group, from.priority, from.name, move |ctx| {
-                run_stage(ctx, req, from)
-            });
-        if let Err(e) = submitted {
-            // The runtime refused (shutting down): the task, and the request
-            // in it, was dropped and its clean-up block has answered.
-            tracing::warn!(error = %e, "redrive refused by the task runtime");
-        }
+        submit_stage(&ctl.rt, req, from, "a redrive");
     }
 
     /// The clean-up block's escalation: no task-level redrive is provably
@@ -408,6 +399,7 @@ impl Request {
     pub(crate) fn reply(mut self, result: Result<(), (NbdError, &str)>) {
         self.replied = true;
         self.give_back_slots();
+        self.give_back_block();
         let ok = result.is_ok();
         let op = self.op();
         let bytes = u64::from(self.header.length);
@@ -423,6 +415,16 @@ impl Request {
     pub(crate) fn abandon(mut self) {
         self.replied = true;
         self.give_back_slots();
+    }
+
+    /// Release the control block and end the request's liveness, before
+    /// the client can see an answer (so its next request never finds the
+    /// block still taken, or a lost one still owned).
+    fn give_back_block(&mut self) {
+        if let Some(block) = self.block.take() {
+            self.conn.ctl.blocks.release(block);
+        }
+        self.alive = None;
     }
 
     fn give_back_slots(&mut self) {
@@ -453,9 +455,7 @@ impl Drop for Request {
         if self.counted {
             self.ctl().system.left();
         }
-        if let Some(block) = self.block.take() {
-            self.conn.ctl.blocks.release(block);
-        }
+        self.give_back_block();
     }
 }
 
@@ -463,6 +463,7 @@ impl Request {
     /// Answer `EIO`: no recovery applies.
     fn fail(&mut self) {
         self.give_back_slots();
+        self.give_back_block();
         tracing::warn!(
             cookie = self.header.cookie,
             kind = self.header.kind,
@@ -530,14 +531,7 @@ pub(crate) fn submit(mut req: Box<Request>) {
     ctl.system.entered();
     req.counted = true;
     let at = stage!(ctl.groups.host, Priority::High, receive, "host.receive");
-    let submitted = ctl
-        .rt
-        .submit_named(at.group, at.priority, at.name, move |ctx| {
-            run_stage(ctx, req, at)
-        });
-    if let Err(e) = submitted {
-        tracing::warn!(error = %e, "request refused by the task runtime");
-    }
+    submit_stage(&ctl.rt, req, at, "a request");
 }
 
 /// Submit a parked request at the stage it was parked for (rung 4).
@@ -549,13 +543,19 @@ pub(crate) fn resume(mut req: Box<Request>) {
     };
     ctl.system.entered();
     req.counted = true;
-    let submitted = ctl
-        .rt
-        .submit_named(at.group, at.priority, at.name, move |ctx| {
-            run_stage(ctx, req, at)
-        });
+    submit_stage(&ctl.rt, req, at, "a parked request");
+}
+
+/// Submit `req` as a task of `at`'s group from outside a task. If the
+/// runtime refuses (it is shutting down), the task and the request in it
+/// are dropped and the request's clean-up block answers; `what` names the
+/// submission in the log.
+fn submit_stage(rt: &rcs::Handle, req: Box<Request>, at: StageRef, what: &str) {
+    let submitted = rt.submit_named(at.group, at.priority, at.name, move |ctx| {
+        run_stage(ctx, req, at)
+    });
     if let Err(e) = submitted {
-        tracing::warn!(error = %e, "a redriven request was refused by the task runtime");
+        tracing::warn!(error = %e, "{what} was refused by the task runtime");
     }
 }
 
@@ -773,9 +773,7 @@ fn continue_after(
     }
     let handle = ctx.handle();
     ctl.timer.after(modelled, move || {
-        let _ = handle.submit_named(at.group, at.priority, at.name, move |ctx| {
-            run_stage(ctx, req, at)
-        });
+        submit_stage(&handle, req, at, "a request after its modelled wait");
     });
 }
 
