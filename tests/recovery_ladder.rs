@@ -198,6 +198,10 @@ fn a_write_failing_inside_cache_apply_is_rolled_back_alone_through_log_lock_at_r
     assert_eq!(rung_count(&status, "task"), 1, "{status}");
     assert_eq!(rung_count(&status, "system"), 0, "{status}");
     assert!(status.contains("rolled back alone"), "{status}");
+    assert!(
+        status.contains("cache.apply: 1 rolled back alone (Log(Lock), rung 1), 0 escalated"),
+        "{status}"
+    );
     assert!(!server.log().contains("answering EIO"), "no request failed");
 }
 
@@ -232,6 +236,10 @@ fn a_dirty_read_of_a_partly_applied_write_rules_out_rollback_and_escalates_to_ru
     let status = server.admin("status").unwrap();
     assert_eq!(rung_count(&status, "system"), 1, "{status}");
     assert!(status.contains("DR=true"), "{status}");
+    assert!(
+        status.contains("cache.apply: 0 rolled back alone (Log(Lock), rung 1), 1 escalated"),
+        "{status}"
+    );
     assert!(!server.log().contains("answering EIO"), "no request failed");
 }
 

@@ -441,6 +441,12 @@ fn status(ctl: &Controller) -> String {
         },
         ctl.system().in_pipeline()
     );
+    let _ = writeln!(
+        out,
+        "writes failing inside cache.apply: {} rolled back alone (Log(Lock), rung 1), {} escalated (rung 4)",
+        ctl.metrics.apply_rollbacks.load(Ordering::Relaxed),
+        ctl.metrics.apply_escalations.load(Ordering::Relaxed)
+    );
     let (exhausted, reclaimed, leaked) = ctl.blocks.counts();
     let _ = writeln!(
         out,

@@ -819,6 +819,10 @@ fn cache_apply(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failu
     let first = req.first_track();
     let mut free = Vec::new();
     let mut undo = Vec::new();
+    // Tracks to hand to destage once the whole write is in the directory:
+    // a destage of a partly applied write would read (and write to the
+    // device) what a rollback must take back.
+    let mut to_destage = Vec::new();
     let actor = loglock::Actor::begin(NEXT_ACTOR.fetch_add(1, Ordering::Relaxed));
     let point = actor
         .recovery_point(loglock::RecoveryCriterion::ISOLATED_ROLLBACK)
@@ -839,7 +843,7 @@ fn cache_apply(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failu
                     .map_err(|e| Failure::internal_logic(format!("Log(Lock): {e}")))?;
                 free.extend(applied.free);
                 if applied.queue {
-                    ctl.destage.push(track);
+                    to_destage.push(track);
                 }
                 // A fault here leaves the write partly in the directory.
                 APPLY_TRACK.check()?;
@@ -861,10 +865,14 @@ fn cache_apply(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failu
     if let Some(failure) = failure {
         recover_apply(&ctl, &mut req, &actor, &point, &undo);
         // The superseded records stay: after a rollback the directory names
-        // them again; after an escalation rung 4 decides.
+        // them again; after an escalation rung 4 decides (and queues every
+        // dirty track of the rebuilt directory for destage).
         return Err(failure);
     }
     drop(actor);
+    for track in to_destage {
+        ctl.destage.push(track);
+    }
     req.slot_state = SlotState::Applied;
     req.slots.clear();
     ctl.nvs.free(&free);
@@ -920,6 +928,7 @@ fn recover_apply(
         Ok(d) if d.single_actor_rollback() => {
             if ctl.cache.undo_apply(undo, || actor.rollback(point).is_ok()) {
                 req.rolled_back = true;
+                ctl.metrics.apply_rollbacks.fetch_add(1, Ordering::Relaxed);
                 req.note = Some(format!(
                     "Log(Lock): no dirty read or lost update on {} shards since the recovery point, {} tracks rolled back alone",
                     locks.len(),
@@ -941,6 +950,9 @@ fn recover_apply(
         Err(e) => format!("Log(Lock) could not decide: {e}"),
     };
     tracing::warn!(cookie = req.header.cookie, %why, "a write failed inside cache.apply");
+    ctl.metrics
+        .apply_escalations
+        .fetch_add(1, Ordering::Relaxed);
     req.note = Some(why);
 }
 

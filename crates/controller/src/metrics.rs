@@ -70,6 +70,12 @@ pub struct Metrics {
     pub destaged_tracks: AtomicU64,
     /// Destage attempts that failed (retried).
     pub destage_errors: AtomicU64,
+    /// Writes that failed inside `cache.apply` and Log(Lock) let roll back
+    /// alone (rung 1).
+    pub apply_rollbacks: AtomicU64,
+    /// Writes that failed inside `cache.apply` where another request had
+    /// touched their shards (escalated to rung 4).
+    pub apply_escalations: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -84,6 +90,8 @@ impl Default for Metrics {
             protocol_errors: AtomicU64::new(0),
             destaged_tracks: AtomicU64::new(0),
             destage_errors: AtomicU64::new(0),
+            apply_rollbacks: AtomicU64::new(0),
+            apply_escalations: AtomicU64::new(0),
         }
     }
 }
@@ -306,6 +314,18 @@ impl Metrics {
                 "counter",
                 "Leaked request control blocks reclaimed by an exhausted pool's audit.",
                 g.control_blocks.1,
+            ),
+            (
+                "rebound_loglock_rollbacks_total",
+                "counter",
+                "Writes failing inside cache.apply that Log(Lock) let roll back alone (rung 1).",
+                self.apply_rollbacks.load(Ordering::Relaxed),
+            ),
+            (
+                "rebound_loglock_escalations_total",
+                "counter",
+                "Writes failing inside cache.apply whose shards another request had touched (rung 4).",
+                self.apply_escalations.load(Ordering::Relaxed),
             ),
             (
                 "rebound_destage_errors_total",
