@@ -38,7 +38,7 @@ const POLICIES: [&str; 2] = ["performance", "dynamic"];
 const PATHS: [&str; 2] = ["good", "bad"];
 
 /// IOPS and mean completion latency (µs) of one fio run.
-fn fio_run(port: u16, runtime: u32) -> anyhow::Result<(f64, f64)> {
+pub(super) fn fio_run(port: u16, runtime: u32) -> anyhow::Result<(f64, f64)> {
     let out = Command::new("fio")
         .args([
             "--name=cache-standard",

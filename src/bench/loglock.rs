@@ -16,6 +16,13 @@
 //! "dependent threads serialized", paper §4.3), which the paper proposes to
 //! raise single-thread recovery success.
 //!
+//! Then the same question on the real controller: `rebound serve` under
+//! fio's cache-standard mix while 1% of writes fail inside `cache.apply`
+//! (after part of the write entered the cache directory). Each such write's
+//! task tracks the cache shards it changed; the table counts how many
+//! Log(Lock) let roll back alone (rung 1) and how many had to escalate
+//! (rung 4) because another request had touched a shard they changed.
+//!
 //! The paper gives the rates of two locks (resource pool 14,107/s, fiber
 //! channel 15,244/s) and the range (12.5/s to 15,244/s); the I/O-state
 //! rate, 5,000/s, is our assumption and says so in the table.
@@ -24,10 +31,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use clap::Args;
 use loglock::{Actor, RecoveryCriterion, Requirement, TrackedMutex};
 
 use super::CommonArgs;
+use super::server::ServerProc;
 use crate::report::{BarPanel, Table, bar_chart_png, progress, thousands};
 
 /// Options of `rebound bench loglock`.
@@ -272,6 +281,30 @@ pub fn run(args: LoglockArgs) -> anyhow::Result<std::process::ExitCode> {
         pct(s_met, s_total),
         thousands(s_total as f64)
     );
+    let cache = controller_case(if args.common.quick { 2 } else { 10 })?;
+    let failures = cache.rollbacks + cache.escalations;
+    let mut t = Table::new(&[
+        "fio IOPS",
+        "writes failing in cache.apply",
+        "rolled back alone (rung 1)",
+        "escalated (rung 4)",
+        "rung-4 recoveries",
+        "criterion met %",
+    ]);
+    t.row(vec![
+        thousands(cache.iops.round()),
+        thousands(failures as f64),
+        thousands(cache.rollbacks as f64),
+        thousands(cache.escalations as f64),
+        thousands(cache.system as f64),
+        format!("{:.2}", pct(cache.rollbacks, failures)),
+    ]);
+    println!(
+        "\nLog(Lock) in the controller's cache: fio cache-standard (QD32) for {} s, 1% of writes panicking inside cache.apply",
+        cache.seconds
+    );
+    println!("{}", t.render());
+    anyhow::ensure!(failures > 0, "no write failed inside cache.apply");
     if !args.common.quick {
         let png = args.common.out.join("loglock.png");
         bar_chart_png(
@@ -296,4 +329,56 @@ pub fn run(args: LoglockArgs) -> anyhow::Result<std::process::ExitCode> {
         println!("plot: {}", png.display());
     }
     Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// The controller case's counts.
+struct ControllerCase {
+    seconds: u32,
+    iops: f64,
+    rollbacks: u64,
+    escalations: u64,
+    system: u64,
+}
+
+/// `rebound serve` under fio cache-standard for `seconds` while 1% of the
+/// writes panic inside `cache.apply`; what Log(Lock) decided.
+fn controller_case(seconds: u32) -> anyhow::Result<ControllerCase> {
+    let work = tempfile::tempdir_in("/dev/shm")
+        .or_else(|_| tempfile::tempdir())
+        .context("temporary directory")?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let (server, _, _) = ServerProc::start(work.path(), port)?;
+    server.admin("inject panic cache.apply.track rate=0.01 count=unlimited")?;
+    let run = super::badpath::fio_run(port, seconds);
+    let status = server.admin("status");
+    server.stop();
+    let (iops, _) = run?;
+    let status = status?;
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("writes failing inside cache.apply:"))
+        .context("no cache.apply line in the server's status")?;
+    let numbers: Vec<u64> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    // "... N rolled back alone (Log(Lock), rung 1), M escalated (rung 4)"
+    let [rollbacks, _, escalations, _] = numbers[..] else {
+        anyhow::bail!("unexpected status line {line:?}");
+    };
+    let system = status
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some("system"))
+        .and_then(|l| l.split_whitespace().nth(2))
+        .and_then(|n| n.parse().ok())
+        .context("no rung 4 count in the server's status")?;
+    Ok(ControllerCase {
+        seconds,
+        iops,
+        rollbacks,
+        escalations,
+        system,
+    })
 }

@@ -12,6 +12,7 @@ mod controller;
 mod loglock;
 mod rcs;
 mod recobox;
+mod server;
 
 /// Arguments shared by every experiment.
 #[derive(Debug, Args)]

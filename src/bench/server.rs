@@ -1,0 +1,92 @@
+//! A `rebound serve` process for experiments: a 1 GiB volume with its
+//! data, NVS and recovery box in a scratch directory, started from this
+//! binary and reached through its admin socket.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+/// NVS size of experiment servers.
+pub(super) const NVS_SIZE: &str = "256M";
+
+/// A running server.
+pub(super) struct ServerProc {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl ServerProc {
+    fn args(dir: &Path, port: u16) -> Vec<String> {
+        vec![
+            "serve".into(),
+            "--listen".into(),
+            format!("127.0.0.1:{port}"),
+            "--data-dir".into(),
+            dir.join("data").display().to_string(),
+            "--nvs".into(),
+            dir.join("nvs").display().to_string(),
+            "--box".into(),
+            dir.join("box").display().to_string(),
+            "--volume-size".into(),
+            "1G".into(),
+            "--nvs-size".into(),
+            NVS_SIZE.into(),
+            "--cache-size".into(),
+            "128M".into(),
+        ]
+    }
+
+    /// Start and wait for the banner; the time that took and the banner.
+    pub(super) fn start(dir: &Path, port: u16) -> anyhow::Result<(Self, Duration, String)> {
+        let exe = std::env::current_exe().context("locating this binary")?;
+        let started = Instant::now();
+        let mut child = Command::new(exe)
+            .args(Self::args(dir, port))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting rebound serve")?;
+        let stderr = child.stderr.take().context("server stderr")?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains("serving") {
+                    let _ = tx.send(line);
+                }
+            }
+        });
+        let banner = rx
+            .recv_timeout(Duration::from_secs(60))
+            .context("the server did not start within 60 s")?;
+        let ready = started.elapsed();
+        Ok((
+            Self {
+                child,
+                dir: dir.to_owned(),
+            },
+            ready,
+            banner,
+        ))
+    }
+
+    pub(super) fn admin(&self, request: &str) -> anyhow::Result<String> {
+        controller::admin::request(&self.dir.join("data").join("admin.sock"), request)
+            .map_err(anyhow::Error::msg)
+    }
+
+    pub(super) fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub(super) fn stop(mut self) {
+        // SAFETY: kill(2) on our own child's pid; no memory involved.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let _ = self.child.wait();
+    }
+}
