@@ -320,7 +320,13 @@ fn crash_loop(kills: u32, box_damage: BoxDamage) {
                 "restart {kill} was not hard: {banner}"
             ),
         }
-        total_checked += verify(&server.addr, &mut ledger.lock().unwrap());
+        let verified = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            verify(&server.addr, &mut ledger.lock().unwrap())
+        }));
+        total_checked += verified.unwrap_or_else(|lost| {
+            keep_for_postmortem(&server);
+            std::panic::resume_unwind(lost)
+        });
         assert!(
             kill < 3 || total_issued > 0,
             "the client never got to write"
@@ -330,6 +336,29 @@ fn crash_loop(kills: u32, box_damage: BoxDamage) {
         "{kills} kills ({box_damage:?}), {total_issued} writes issued, {total_checked} acknowledged tracks verified"
     );
     assert!(total_checked > 0, "nothing was verified");
+}
+
+/// A failed verification keeps the evidence: the NVS, the recovery box,
+/// the server's log and its data directory (devices), copied to
+/// `$REBOUND_POSTMORTEM_DIR` (default `/tmp/rebound-crash-loop-postmortem`).
+fn keep_for_postmortem(server: &Server) {
+    let dir = std::env::var_os("REBOUND_POSTMORTEM_DIR").map_or_else(
+        || "/tmp/rebound-crash-loop-postmortem".into(),
+        std::path::PathBuf::from,
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    if std::fs::create_dir_all(&dir).is_err() {
+        return;
+    }
+    let _ = std::fs::copy(&server.nvs, dir.join("nvs"));
+    let _ = std::fs::copy(&server.rbox, dir.join("box"));
+    let _ = std::fs::write(dir.join("server.log"), server.log());
+    let _ = std::process::Command::new("cp")
+        .arg("-r")
+        .arg(server.dir.path())
+        .arg(dir.join("data"))
+        .status();
+    eprintln!("evidence kept in {}", dir.display());
 }
 
 fn kills(default: u32) -> u32 {

@@ -201,7 +201,9 @@ pub enum ReadOutcome {
     },
 }
 
-/// What applying a write did.
+/// What applying a write did. A slot in `free` holds a record the
+/// directory no longer names; it was invalidated in the NVS under the
+/// track's lock, and the caller gives it back with [`Nvs::release`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Applied {
     /// A slot that no longer holds needed data (free it).
@@ -278,6 +280,8 @@ pub struct ApplyUndo {
     before: Option<Dirty>,
     queued: bool,
     applied: Dirty,
+    /// The superseded record this apply invalidated (put back on undo).
+    retired: Option<u32>,
 }
 
 /// The cache.
@@ -436,9 +440,9 @@ impl Cache {
     }
 
     /// Apply a write whose record (`slot`, `seq`) is already in the NVS.
-    pub fn apply_write(&self, track: u64, slot: u32, seq: u64, data: &[u8]) -> Applied {
+    pub fn apply_write(&self, nvs: &Nvs, track: u64, slot: u32, seq: u64, data: &[u8]) -> Applied {
         let mut guard = self.shards[shard_of(track)].lock(Use::Write);
-        self.apply_locked(&mut guard, track, slot, seq, data)
+        self.apply_locked(nvs, &mut guard, track, slot, seq, data)
     }
 
     /// [`Cache::apply_write`] by a recoverable actor (rung 1 through
@@ -448,6 +452,7 @@ impl Cache {
     /// was goes to `undo`, for [`Cache::undo_apply`].
     pub fn apply_write_tracked(
         &self,
+        nvs: &Nvs,
         track: u64,
         (slot, seq): (u32, u64),
         data: &[u8],
@@ -464,7 +469,7 @@ impl Cache {
             .map
             .get(&track)
             .map_or((None, false), |e| (e.dirty, e.queued));
-        let applied = self.apply_locked(&mut guard, track, slot, seq, data);
+        let applied = self.apply_locked(nvs, &mut guard, track, slot, seq, data);
         let d = Dirty { slot, seq };
         if guard.map.get(&track).and_then(|e| e.dirty) == Some(d) {
             undo.push(ApplyUndo {
@@ -472,6 +477,7 @@ impl Cache {
                 before: before.0,
                 queued: before.1,
                 applied: d,
+                retired: applied.free,
             });
         }
         Ok(applied)
@@ -495,7 +501,12 @@ impl Cache {
     /// journal item, its dirty count; its frame, which held the new data,
     /// is dropped. Returns whether it rolled back. The superseded records
     /// must not have been freed (the caller frees them only on success).
-    pub fn undo_apply(&self, undo: &[ApplyUndo], still_safe: impl FnOnce() -> bool) -> bool {
+    pub fn undo_apply(
+        &self,
+        nvs: &Nvs,
+        undo: &[ApplyUndo],
+        still_safe: impl FnOnce() -> bool,
+    ) -> bool {
         let mut idx: Vec<usize> = undo.iter().map(|u| shard_of(u.track)).collect();
         idx.sort_unstable();
         idx.dedup();
@@ -519,6 +530,12 @@ impl Cache {
                 continue;
             };
             debug_assert_eq!(e.dirty, Some(u.applied), "no one changed it (no LU)");
+            if let Some(slot) = u.retired {
+                // The superseded record is named again: make it valid again
+                // (its slot was not given back: the caller frees only on
+                // success).
+                nvs.revalidate(slot);
+            }
             e.dirty = u.before;
             e.queued = u.queued;
             if u.before.is_some() {
@@ -538,6 +555,7 @@ impl Cache {
 
     fn apply_locked(
         &self,
+        nvs: &Nvs,
         shard: &mut Shard,
         track: u64,
         slot: u32,
@@ -550,6 +568,7 @@ impl Cache {
             && current.seq > seq
         {
             // An older write finishing after a newer one: it lost the race.
+            nvs.invalidate(slot);
             return Applied {
                 free: Some(slot),
                 queue: false,
@@ -560,6 +579,9 @@ impl Cache {
         let free = superseded
             .filter(|old| e.destaging != Some(*old))
             .map(|old| old.slot);
+        if let Some(old) = free {
+            nvs.invalidate(old);
+        }
         let queue = !e.queued;
         e.queued = true;
         if superseded.is_none() {
@@ -592,8 +614,10 @@ impl Cache {
         Some(d)
     }
 
-    /// End the destage of `d` (`written`: the device write succeeded).
-    pub fn end_destage(&self, track: u64, d: Dirty, written: bool) -> Destaged {
+    /// End the destage of `d` (`written`: the device write succeeded). A
+    /// slot in the result is invalidated already; give it back with
+    /// [`Nvs::release`].
+    pub fn end_destage(&self, nvs: &Nvs, track: u64, d: Dirty, written: bool) -> Destaged {
         let mut guard = self.shards[shard_of(track)].lock(Use::Write);
         let shard = &mut *guard;
         shard.epoch += 1;
@@ -610,12 +634,18 @@ impl Cache {
             e.queued = true;
             return out;
         }
+        // The record is on the device (or superseded): invalidate it now,
+        // under the lock, before a newer record of the track can be
+        // destaged and freed; after the recovery box stops naming it (a
+        // box must never name an invalid record).
         if e.dirty == Some(d) {
             e.dirty = None;
             self.journal_forget(e);
+            nvs.invalidate(d.slot);
             out.free = Some(d.slot);
             shard.dirty -= 1;
         } else {
+            nvs.invalidate(d.slot);
             // Superseded while being written: the newer record stays dirty.
             out.free = Some(d.slot);
             out.queue = !e.queued;
@@ -731,8 +761,9 @@ impl Cache {
 
     /// Zeroing of `[first, end)` done on the devices: forget dirty records
     /// older than `seq` and cached copies in the range, lift the fence.
-    /// Returns the slots to free.
-    pub fn end_zeroing(&self, first: u64, end: u64, seq: u64) -> Vec<u32> {
+    /// Returns their slots, invalidated already: give them back with
+    /// [`Nvs::release`].
+    pub fn end_zeroing(&self, nvs: &Nvs, first: u64, end: u64, seq: u64) -> Vec<u32> {
         let mut free = Vec::new();
         self.for_range_shards(first, end, Use::Write, |shard| {
             shard.epoch += 1;
@@ -758,6 +789,7 @@ impl Cache {
                         j.forget(e.journal);
                     }
                     e.journal = NO_HANDLE;
+                    nvs.invalidate(d.slot);
                     free.push(d.slot);
                     shard.dirty -= 1;
                 }
@@ -864,7 +896,7 @@ mod tests {
         nvs.write_record(slot, seq, track, &data);
         (
             Dirty { slot, seq },
-            cache.apply_write(track, slot, seq, &data),
+            cache.apply_write(nvs, track, slot, seq, &data),
         )
     }
 
@@ -883,7 +915,7 @@ mod tests {
             let data = vec![byte; TRACK_BYTES];
             nvs.write_record(slot, seq, track, &data);
             cache
-                .apply_write_tracked(track, (slot, seq), &data, actor, &mut undo)
+                .apply_write_tracked(nvs, track, (slot, seq), &data, actor, &mut undo)
                 .unwrap();
         }
         undo
@@ -913,7 +945,7 @@ mod tests {
         assert_eq!(locks.len(), 2, "tracks 1 and 2 are in two shards");
         let decision = actor.decide(&point, &locks).unwrap();
         assert!(decision.single_actor_rollback(), "{decision:?}");
-        assert!(cache.undo_apply(&undo, || actor.rollback(&point).is_ok()));
+        assert!(cache.undo_apply(&nvs, &undo, || actor.rollback(&point).is_ok()));
         drop(actor);
         assert_eq!(
             read_byte(&cache, &nvs, 1),
@@ -942,8 +974,47 @@ mod tests {
         assert!(decision.level.dr, "{decision:?}");
         assert!(!decision.single_actor_rollback());
         // Even asked to, the rollback re-checks under the locks and refuses.
-        assert!(!cache.undo_apply(&undo, || actor.rollback(&point).is_ok()));
+        assert!(!cache.undo_apply(&nvs, &undo, || actor.rollback(&point).is_ok()));
         assert_eq!(read_byte(&cache, &nvs, 1), Some(0x0b), "nothing was undone");
+    }
+
+    /// The hard-restart race the crash loop found: a destage ended, a
+    /// newer record of the track was destaged and freed, and the process
+    /// died before the first destage's caller freed the older record; the
+    /// NVS scan then replayed the older record over the newer data on the
+    /// device. A record the directory drops must be invalid at once.
+    #[test]
+    fn a_record_the_directory_drops_is_invalid_before_its_slot_is_given_back() {
+        let (_d, nvs) = nvs();
+        let cache = Cache::new(256, None);
+        let (w1, _) = write(&cache, &nvs, 7, 1);
+        assert_eq!(cache.begin_destage(7), Some(w1));
+        let (w2, a2) = write(&cache, &nvs, 7, 2);
+        assert_eq!(a2.free, None, "w1 is being destaged: its destage frees it");
+        // w1's destage ends; its caller has not given the slot back yet.
+        let end1 = cache.end_destage(&nvs, 7, w1, true);
+        assert_eq!(end1.free, Some(w1.slot));
+        // w2 is destaged and its slot given back.
+        assert_eq!(cache.begin_destage(7), Some(w2));
+        let end2 = cache.end_destage(&nvs, 7, w2, true);
+        nvs.release(&[end2.free.unwrap()]);
+        // A crash here: the scan must not find w1 (nor w2).
+        let scan = nvs.scan();
+        assert!(
+            scan.records.iter().all(|r| r.track != 7),
+            "a dropped record survived: {:?}",
+            scan.records
+        );
+        // Superseding (no destage in flight) invalidates at once too.
+        let (w3, _) = write(&cache, &nvs, 8, 3);
+        let (_, a4) = write(&cache, &nvs, 8, 4);
+        assert_eq!(a4.free, Some(w3.slot));
+        let scan = nvs.scan();
+        assert_eq!(
+            scan.records.iter().filter(|r| r.track == 8).count(),
+            1,
+            "only the newest record of track 8 is valid"
+        );
     }
 
     #[test]
@@ -974,7 +1045,7 @@ mod tests {
         let old_slot = nvs.reserve(1, Duration::from_secs(1)).unwrap()[0];
         let old_seq = nvs.next_seqs(1);
         write(&cache, &nvs, 3, 9);
-        let a = cache.apply_write(3, old_slot, old_seq, &[1; TRACK_BYTES]);
+        let a = cache.apply_write(&nvs, 3, old_slot, old_seq, &[1; TRACK_BYTES]);
         assert_eq!(a.free, Some(old_slot));
         let mut out = vec![0u8; TRACK_BYTES];
         cache.read(3, &mut out, &nvs).unwrap();
@@ -995,7 +1066,7 @@ mod tests {
             "the slot being destaged is not freed under the destager"
         );
         assert!(during.queue);
-        let end = cache.end_destage(5, d, true);
+        let end = cache.end_destage(&nvs, 5, d, true);
         assert_eq!(
             end,
             Destaged {
@@ -1005,7 +1076,7 @@ mod tests {
         );
         assert!(cache.is_dirty(5));
         let d2 = cache.begin_destage(5).unwrap();
-        let end = cache.end_destage(5, d2, true);
+        let end = cache.end_destage(&nvs, 5, d2, true);
         assert!(end.free.is_some() && !end.queue);
         assert!(!cache.is_dirty(5));
         assert_eq!(cache.dirty_tracks(), 0);
@@ -1065,7 +1136,7 @@ mod tests {
         let zero_seq = nvs.next_seqs(1);
         let (newer, _) = write(&cache, &nvs, 21, 2);
         assert!(newer.seq > zero_seq);
-        let freed = cache.end_zeroing(16, 32, zero_seq);
+        let freed = cache.end_zeroing(&nvs, 16, 32, zero_seq);
         assert_eq!(freed, vec![old.slot]);
         assert!(!cache.is_dirty(20));
         assert!(

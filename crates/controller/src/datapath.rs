@@ -711,16 +711,20 @@ fn device_stage(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Fail
                     )));
                 }
                 let wait = crate::devqueue::backoff(req.queue_waits);
+                if req.queue_waits == 0 {
+                    // One record per request that backed off (the device
+                    // queue counts every refusal).
+                    ctl.recoveries.record(
+                        Rung::Task,
+                        format!(
+                            "device {queue_index} {full}: staging read of track {track} backed off"
+                        ),
+                        wait,
+                        1,
+                    );
+                }
                 req.queue_waits += 1;
                 req.misses = misses[k..].to_vec();
-                ctl.recoveries.record(
-                    Rung::Task,
-                    format!(
-                        "device {queue_index} {full}: staging read of track {track} backed off"
-                    ),
-                    wait,
-                    1,
-                );
                 continue_after(
                     ctx,
                     &ctl,
@@ -834,6 +838,7 @@ fn cache_apply(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failu
                 let applied = ctl
                     .cache
                     .apply_write_tracked(
+                        &ctl.nvs,
                         track,
                         (req.slots[i], first_seq + i as u64),
                         chunk,
@@ -875,7 +880,7 @@ fn cache_apply(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failu
     }
     req.slot_state = SlotState::Applied;
     req.slots.clear();
-    ctl.nvs.free(&free);
+    ctl.nvs.release(&free); // invalidated by the apply, under the lock
     crate::destage::kick(&ctl);
     if req.header.flags & cflags::FUA != 0 {
         next(
@@ -926,7 +931,10 @@ fn recover_apply(
     let locks = ctl.cache.undo_locks(undo);
     let why = match actor.decide(point, &locks) {
         Ok(d) if d.single_actor_rollback() => {
-            if ctl.cache.undo_apply(undo, || actor.rollback(point).is_ok()) {
+            if ctl
+                .cache
+                .undo_apply(&ctl.nvs, undo, || actor.rollback(point).is_ok())
+            {
                 req.rolled_back = true;
                 ctl.metrics.apply_rollbacks.fetch_add(1, Ordering::Relaxed);
                 req.note = Some(format!(
@@ -1002,11 +1010,11 @@ fn zero(_ctx: &mut TaskCtx<'_>, req: Box<Request>) -> Result<(), Failure> {
     // Even if the devices failed, lift the fence: records stay dirty and
     // the old data is still what reads return.
     let freed = if zeroed.is_ok() {
-        ctl.cache.end_zeroing(first, end, seq)
+        ctl.cache.end_zeroing(&ctl.nvs, first, end, seq)
     } else {
-        ctl.cache.end_zeroing(first, end, 0)
+        ctl.cache.end_zeroing(&ctl.nvs, first, end, 0)
     };
-    ctl.nvs.free(&freed);
+    ctl.nvs.release(&freed); // invalidated by end_zeroing, under the lock
     let synced = zeroed.and_then(|()| {
         if req.header.flags & cflags::FUA != 0 {
             ctl.volume.sync()

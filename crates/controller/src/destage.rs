@@ -183,9 +183,10 @@ fn one(ctl: &Controller, track: u64) -> std::io::Result<bool> {
         dev.write_at(&buf, offset)
     });
     queue.complete(tag);
-    let end = ctl.cache.end_destage(track, d, written.is_ok());
+    let end = ctl.cache.end_destage(&ctl.nvs, track, d, written.is_ok());
     if let Some(slot) = end.free {
-        ctl.nvs.free(&[slot]);
+        // Invalidated by end_destage, under the track's lock.
+        ctl.nvs.release(&[slot]);
     }
     if end.queue && written.is_ok() {
         ctl.destage.push(track);

@@ -661,11 +661,29 @@ impl Nvs {
             return;
         }
         for &slot in slots {
-            let (seg, at) = Self::locate(slot);
-            let mut map = self.segments[seg].lock();
-            map[at + H_MAGIC..at + H_MAGIC + 4].copy_from_slice(&0u32.to_le_bytes());
+            self.invalidate(slot);
         }
         self.release(slots);
+    }
+
+    /// Make the record in `slot` invisible to a scan (its magic is
+    /// cleared; the rest stays), without giving the slot back. The cache
+    /// directory invalidates a record under the track's lock at the moment
+    /// it stops naming it, so a record can never outlive a newer one of the
+    /// same track in the NVS: otherwise a hard restart could replay the
+    /// older record over a newer write already destaged and freed.
+    pub fn invalidate(&self, slot: u32) {
+        let (seg, at) = Self::locate(slot);
+        let mut map = self.segments[seg].lock();
+        map[at + H_MAGIC..at + H_MAGIC + 4].copy_from_slice(&0u32.to_le_bytes());
+    }
+
+    /// Undo [`Nvs::invalidate`] of a record whose slot was not given back
+    /// in between (a rolled-back write puts the record it superseded back).
+    pub fn revalidate(&self, slot: u32) {
+        let (seg, at) = Self::locate(slot);
+        let mut map = self.segments[seg].lock();
+        map[at + H_MAGIC..at + H_MAGIC + 4].copy_from_slice(&SLOT_MAGIC.to_le_bytes());
     }
 
     /// Return reserved but unwritten slots to the free list.
