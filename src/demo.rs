@@ -161,12 +161,8 @@ fn rung_count(status: &str, rung: &str) -> u64 {
 
 /// Run the demo.
 pub fn run(args: DemoArgs) -> anyhow::Result<std::process::ExitCode> {
-    let dir = tempfile::tempdir_in("/dev/shm")
-        .or_else(|_| tempfile::tempdir())
-        .context("scratch directory")?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
+    let dir = crate::bench::server::scratch_dir()?;
+    let port = crate::bench::server::free_port()?;
     let addr = format!("127.0.0.1:{port}");
     let data = dir.path().join("data");
     let admin_path = data.join("admin.sock");

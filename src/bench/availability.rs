@@ -327,12 +327,8 @@ pub fn run(args: AvailabilityArgs) -> anyhow::Result<std::process::ExitCode> {
             after: Duration::from_secs(3),
         }
     };
-    let work = tempfile::tempdir_in("/dev/shm")
-        .or_else(|_| tempfile::tempdir())
-        .context("temporary directory")?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
+    let work = super::server::scratch_dir()?;
+    let port = super::server::free_port()?;
     let bar = crate::report::progress(5, "cases");
     let mut results = Vec::new();
     bar.set_message("rung 1");

@@ -143,12 +143,8 @@ pub fn run(args: BadPathArgs) -> anyhow::Result<std::process::ExitCode> {
         (1..=3600).contains(&runtime),
         "--runtime must be within 1..=3600"
     );
-    let work = tempfile::tempdir_in("/dev/shm")
-        .or_else(|_| tempfile::tempdir())
-        .context("temporary directory")?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
+    let work = super::server::scratch_dir()?;
+    let port = super::server::free_port()?;
     // cells[policy][path] = samples
     let mut cells = vec![vec![(Vec::new(), Vec::new()); 2]; 2];
     let bar = crate::report::progress(u64::from(rounds) * 4, "runs");

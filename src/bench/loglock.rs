@@ -343,12 +343,8 @@ struct ControllerCase {
 /// `rebound serve` under fio cache-standard for `seconds` while 1% of the
 /// writes panic inside `cache.apply`; what Log(Lock) decided.
 fn controller_case(seconds: u32) -> anyhow::Result<ControllerCase> {
-    let work = tempfile::tempdir_in("/dev/shm")
-        .or_else(|_| tempfile::tempdir())
-        .context("temporary directory")?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
+    let work = super::server::scratch_dir()?;
+    let port = super::server::free_port()?;
     let (server, _, _) = ServerProc::start(work.path(), port)?;
     server.admin("inject panic cache.apply.track rate=0.01 count=unlimited")?;
     let run = super::badpath::fio_run(port, seconds);

@@ -12,7 +12,7 @@ mod controller;
 mod loglock;
 mod rcs;
 mod recobox;
-mod server;
+pub(crate) mod server;
 
 /// Arguments shared by every experiment.
 #[derive(Debug, Args)]

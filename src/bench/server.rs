@@ -9,6 +9,20 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
+/// A scratch directory for an experiment, under /dev/shm when it can be.
+pub(crate) fn scratch_dir() -> anyhow::Result<tempfile::TempDir> {
+    tempfile::tempdir_in("/dev/shm")
+        .or_else(|_| tempfile::tempdir())
+        .context("scratch directory")
+}
+
+/// A loopback TCP port free right now (the server binds it next).
+pub(crate) fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
 /// NVS size of experiment servers.
 pub(super) const NVS_SIZE: &str = "256M";
 

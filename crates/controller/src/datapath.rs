@@ -676,18 +676,19 @@ fn cache_read(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failur
         );
     } else {
         req.misses = misses;
-        next(
-            ctx,
-            req,
-            stage!(
-                ctl.groups.device,
-                Priority::High,
-                device_stage,
-                "device.read"
-            ),
-        );
+        next(ctx, req, device_read(&ctl));
     }
     Ok(())
+}
+
+/// The stage that stages a read's misses from the devices.
+fn device_read(ctl: &Controller) -> StageRef {
+    stage!(
+        ctl.groups.device,
+        Priority::High,
+        device_stage,
+        "device.read"
+    )
 }
 
 /// device: read missing tracks from the devices, install them in the cache.
@@ -725,18 +726,7 @@ fn device_stage(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Fail
                 }
                 req.queue_waits += 1;
                 req.misses = misses[k..].to_vec();
-                continue_after(
-                    ctx,
-                    &ctl,
-                    modelled + wait,
-                    req,
-                    stage!(
-                        ctl.groups.device,
-                        Priority::High,
-                        device_stage,
-                        "device.read"
-                    ),
-                );
+                continue_after(ctx, &ctl, modelled + wait, req, device_read(&ctl));
                 return Ok(());
             }
         };
