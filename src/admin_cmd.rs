@@ -51,6 +51,10 @@ pub enum Fault {
     /// The device (--device, default 0) reports a completion no submission
     /// waits for (rung 1: ignored and counted).
     UnsolicitedCompletion,
+    /// Roll the controller back to its last checkpoint now (rung 3; the
+    /// server must run with --output-commit: held writes dropped, the
+    /// open epoch's requests run again)
+    Rollback,
     /// Run an in-process system recovery now (rung 4: quiesce, rebuild
     /// from the recovery box, redrive; connections stay up).
     System,
@@ -130,6 +134,7 @@ impl InjectArgs {
                     line += &format!(" {d}");
                 }
             }
+            Fault::Rollback => line += "rollback",
             Fault::System => line += "system",
             Fault::AbandonBox => line += "abandon-box",
             Fault::Crash => line += "crash",

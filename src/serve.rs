@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use controller::{Config, Controller, FlushPolicy, Server};
+use controller::{Config, Controller, FlushPolicy, OutputCommit, Server};
 
 /// Options of `rebound serve`. Each overrides the same key of `--config`.
 #[derive(Debug, Args)]
@@ -78,6 +78,16 @@ pub struct ServeArgs {
     /// (rung 1) [default: 4096].
     #[arg(long, value_name = "N")]
     control_blocks: Option<u32>,
+    /// Rung 3's output commit: off (no epochs; rollback escalates to rung
+    /// 4), or stall (hold device writes in memory until their epoch
+    /// commits), buffering (write to a buffer area, copy after commit) or
+    /// logging (save the old data, write in place) [default: off].
+    #[arg(long, value_name = "SCHEME", value_parser = ["off", "stall", "buffering", "logging", "renaming"])]
+    output_commit: Option<String>,
+    /// Epoch length under output commit: replies and device writes wait
+    /// at most this long for their checkpoint, e.g. 20ms [default: 20ms].
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    checkpoint_interval: Option<std::time::Duration>,
     /// Modelled device latency per I/O, microseconds (experiments) [default: 0].
     #[arg(long, value_name = "US")]
     device_latency_us: Option<u64>,
@@ -94,6 +104,10 @@ pub struct ServeArgs {
 
 fn size(s: &str) -> Result<u64, String> {
     controller::parse_size(s)
+}
+
+fn duration(s: &str) -> Result<std::time::Duration, String> {
+    controller::parse_duration(s)
 }
 
 impl ServeArgs {
@@ -121,6 +135,15 @@ impl ServeArgs {
         );
         if let Some(v) = &self.nvs {
             c.nvs = Some(v.clone());
+        }
+        if let Some(v) = &self.output_commit {
+            c.output_commit = controller::config::OutputCommitSetting(
+                OutputCommit::parse(v)
+                    .map_err(|e| anyhow::anyhow!("invalid setting output_commit: {e}"))?,
+            );
+        }
+        if let Some(v) = self.checkpoint_interval {
+            c.checkpoint_interval = v;
         }
         if let Some(v) = &self.box_path {
             c.box_path = Some(v.clone());

@@ -35,6 +35,11 @@ fn bad_flag_values_are_refused_with_the_setting_named() {
         (vec!["--inject", "crash"], "invalid setting inject"),
         (vec!["--inject", "panic nowhere"], "unknown fault point"),
         (vec!["--inject", ""], "invalid setting inject"),
+        (vec!["--output-commit", "renaming"], "not implemented yet"),
+        (vec!["--output-commit", "sometimes"], "possible values"),
+        (vec!["--checkpoint-interval", "5"], "unknown unit"),
+        (vec!["--checkpoint-interval", "50us"], "checkpoint_interval"),
+        (vec!["--checkpoint-interval", "11s"], "checkpoint_interval"),
     ] {
         let mut all = vec!["--data-dir", d];
         if !args.contains(&"--listen") {
@@ -49,6 +54,26 @@ fn bad_flag_values_are_refused_with_the_setting_named() {
         !dir.path().join("d").exists(),
         "a refused configuration created the volume"
     );
+}
+
+#[test]
+fn bad_output_commit_settings_in_the_file_are_refused_naming_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("rebound.toml");
+    for (text, expect) in [
+        (
+            "output_commit = \"bogus\"\n",
+            "unknown output commit scheme",
+        ),
+        ("output_commit = \"renaming\"\n", "not implemented yet"),
+        ("checkpoint_interval = \"20\"\n", "unknown unit"),
+        ("checkpoint_interval = 20\n", "checkpoint_interval"),
+    ] {
+        std::fs::write(&cfg, text).unwrap();
+        let (ok, err) = serve(&["--config", cfg.to_str().unwrap()]);
+        assert!(!ok, "{text:?} accepted");
+        assert!(err.contains(expect), "{text:?}: {err}");
+    }
 }
 
 #[test]

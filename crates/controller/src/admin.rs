@@ -18,6 +18,7 @@
 //! | `inject group-fault GROUP [rate=P] [duration=D]` | the scheduling paper's emulation: a fault per dispatch of GROUP with probability P, each recovery taking D (rung 2); `rate=0` stops it |
 //! | `inject corrupt-frame TRACK` | damage the check word of the cache frame holding TRACK (4 KiB units): the next read rebuilds it (rung 1) |
 //! | `inject unsolicited-completion [DEVICE]` | the device (default 0) reports a completion no submission is waiting for: ignored and counted (rung 1) |
+//! | `inject rollback` | roll the controller back to its last checkpoint now (rung 3: needs `--output-commit`; quiesce, restore the checkpoint, drop held writes, run the open epoch's requests again); answers with its report |
 //! | `inject system` | run a system-level recovery now (rung 4: quiesce, rebuild from the recovery box, redrive; connections stay up); answers with its report |
 //! | `inject abandon-box` | invalidate the recovery box and stop keeping it (a corrupt box: rung 4 rebuilds from an NVS scan, the next start is a hard restart) |
 //! | `inject crash` | abort the process (rung 5 at the next start) |
@@ -348,6 +349,10 @@ fn inject(words: &[&str], ctl: &Arc<Controller>) -> Result<String, String> {
                 ))
             }
         }
+        ["rollback"] => ctl
+            .rollback("injected through the admin socket")
+            .map(|report| format!("{report}\n"))
+            .map_err(|e| e.to_string()),
         ["system"] => ctl
             .system_recover("injected through the admin socket")
             .map(|report| format!("{report}\n"))
@@ -398,11 +403,11 @@ fn inject(words: &[&str], ctl: &Arc<Controller>) -> Result<String, String> {
             Ok("every fault point and group injection disarmed\n".into())
         }
         [] => Err(
-            "inject what? faults: panic, fail, delay, group-fault, corrupt-frame, unsolicited-completion, system, abandon-box, crash, crash-damaged-box, clear"
+            "inject what? faults: panic, fail, delay, group-fault, corrupt-frame, unsolicited-completion, rollback, system, abandon-box, crash, crash-damaged-box, clear"
                 .into(),
         ),
         [other, ..] => Err(format!(
-            "unknown fault {other:?} (or missing its argument); faults: panic POINT, fail POINT, delay POINT, group-fault GROUP, corrupt-frame TRACK, unsolicited-completion [DEVICE], system, abandon-box, crash, crash-damaged-box, clear"
+            "unknown fault {other:?} (or missing its argument); faults: panic POINT, fail POINT, delay POINT, group-fault GROUP, corrupt-frame TRACK, unsolicited-completion [DEVICE], rollback, system, abandon-box, crash, crash-damaged-box, clear"
         )),
     }
 }
@@ -431,6 +436,28 @@ fn status(ctl: &Controller) -> String {
             "abandoned (next restart is hard)"
         },
     );
+    {
+        let e = ctl.epochs();
+        let st = e.stats();
+        let _ = writeln!(
+            out,
+            "output commit (rung 3): {}{}",
+            e.scheme().name(),
+            if e.enabled() {
+                format!(
+                    ", epoch {} every {:?}; {} replies and {} device writes held; {} commits, {} rollbacks",
+                    e.open(),
+                    e.interval(),
+                    e.held_replies(),
+                    e.device.held(),
+                    st.commits.load(std::sync::atomic::Ordering::Relaxed),
+                    st.rollbacks.load(std::sync::atomic::Ordering::Relaxed)
+                )
+            } else {
+                " (no epochs; rollback escalates to rung 4)".to_owned()
+            }
+        );
+    }
     let _ = writeln!(
         out,
         "system recovery (rung 4): {}; {} requests in the pipeline",

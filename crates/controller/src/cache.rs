@@ -119,6 +119,21 @@ struct Shard {
     hand: usize,
     epoch: u64,
     dirty: u32,
+    /// Tracks whose dirty entry changed since the last checkpoint (rung 3;
+    /// kept only when the cache notes changes; duplicates allowed).
+    changed: Vec<u64>,
+    notes_changes: bool,
+}
+
+/// The dirty entry of `track` changed (for the next checkpoint). A macro
+/// rather than a method, so it borrows only the shard's `changed` list
+/// while an entry of its map is borrowed.
+macro_rules! note {
+    ($shard:expr, $track:expr) => {
+        if $shard.notes_changes {
+            $shard.changed.push($track);
+        }
+    };
 }
 
 impl Shard {
@@ -315,6 +330,16 @@ impl Cache {
     /// A cache of `frames` frames (at least one per shard), keeping its dirty
     /// entries in `journal` if given.
     pub fn new(frames: usize, journal: Option<Arc<dyn DirtyJournal>>) -> Self {
+        Self::with_checkpoints(frames, journal, false)
+    }
+
+    /// [`Cache::new`], noting every change of a dirty entry when
+    /// `checkpoints` (rung 3's incremental checkpoints, [`Cache::take_changes`]).
+    pub fn with_checkpoints(
+        frames: usize,
+        journal: Option<Arc<dyn DirtyJournal>>,
+        checkpoints: bool,
+    ) -> Self {
         let per_shard = frames.div_ceil(CACHE_SHARDS).max(1);
         let shards = (0..CACHE_SHARDS)
             .map(|_| {
@@ -334,6 +359,8 @@ impl Cache {
                         hand: 0,
                         epoch: 0,
                         dirty: 0,
+                        changed: Vec::new(),
+                        notes_changes: checkpoints,
                     }),
                 })
             })
@@ -537,6 +564,7 @@ impl Cache {
                 nvs.revalidate(slot);
             }
             e.dirty = u.before;
+            note!(shard, u.track);
             e.queued = u.queued;
             if u.before.is_some() {
                 self.journal_record(e, u.track);
@@ -576,6 +604,7 @@ impl Cache {
         }
         let superseded = e.dirty.replace(Dirty { slot, seq });
         self.journal_record(e, track);
+        note!(shard, track);
         let free = superseded
             .filter(|old| e.destaging != Some(*old))
             .map(|old| old.slot);
@@ -640,6 +669,7 @@ impl Cache {
         // box must never name an invalid record).
         if e.dirty == Some(d) {
             e.dirty = None;
+            note!(shard, track);
             self.journal_forget(e);
             nvs.invalidate(d.slot);
             out.free = Some(d.slot);
@@ -718,6 +748,7 @@ impl Cache {
             },
             cur => {
                 e.dirty = Some(Dirty { slot, seq });
+                note!(shard, track);
                 self.journal_record(e, track);
                 let queue = !e.queued;
                 e.queued = true;
@@ -739,6 +770,7 @@ impl Cache {
         let e = shard.map.entry(track).or_insert_with(Entry::new);
         debug_assert!(e.dirty.is_none(), "the journal names track {track} twice");
         e.dirty = Some(d);
+        note!(shard, track);
         e.journal = handle;
         e.queued = true;
         shard.dirty += 1;
@@ -783,6 +815,7 @@ impl Cache {
                 {
                     debug_assert!(e.destaging.is_none());
                     e.dirty = None;
+                    note!(shard, t);
                     if let Some(j) = &self.journal
                         && e.journal != NO_HANDLE
                     {
@@ -849,8 +882,95 @@ impl Cache {
             shard.hand = 0;
             shard.epoch += 1;
             shard.dirty = 0;
+            shard.changed.clear();
         }
         self.zeroing.write().clear();
+    }
+
+    /// Rung 3's incremental checkpoint: hand every track whose dirty entry
+    /// changed since the last call to `f`, with its dirty record now (a
+    /// track may come more than once). Callers hold the epoch cut, so no
+    /// change is in progress.
+    pub fn take_changes(&self, mut f: impl FnMut(u64, Option<Dirty>)) {
+        for s in self.shards.iter() {
+            let mut guard = s.lock(Use::Quiet);
+            let shard = &mut *guard;
+            for track in shard.changed.drain(..) {
+                f(track, shard.map.get(&track).and_then(|e| e.dirty));
+            }
+        }
+    }
+
+    /// Every dirty record now (track, record).
+    pub fn dirty_records(&self) -> Vec<(u64, Dirty)> {
+        let mut out = Vec::new();
+        for s in self.shards.iter() {
+            let shard = s.lock(Use::Quiet);
+            out.extend(
+                shard
+                    .map
+                    .iter()
+                    .filter_map(|(&t, e)| e.dirty.map(|d| (t, d))),
+            );
+        }
+        out
+    }
+
+    /// Rung 3: put every dirty entry changed since the last checkpoint back
+    /// to its value there (`image`), and drop every cached copy. The
+    /// checkpoint's records are made valid in the NVS again first (an
+    /// epoch's supersede or zeroing invalidated them; their slots were not
+    /// given back, see [`crate::epoch::Epochs::retire`]), then the journal
+    /// is told. Returns the tracks put back. Callers quiesce and hold the
+    /// epoch cut; no destage is in flight.
+    pub fn roll_back_changes(&self, nvs: &Nvs, image: impl Fn(u64) -> Option<Dirty>) -> u64 {
+        let mut restored = 0;
+        for s in self.shards.iter() {
+            let mut guard = s.lock(Use::Write);
+            let shard = &mut *guard;
+            shard.epoch += 1;
+            let mut changed = std::mem::take(&mut shard.changed);
+            changed.sort_unstable();
+            changed.dedup();
+            for track in changed {
+                let want = image(track);
+                let e = shard.map.entry(track).or_insert_with(Entry::new);
+                debug_assert!(e.destaging.is_none(), "a destage is in flight");
+                e.destaging = None;
+                e.queued = false;
+                if e.dirty == want {
+                    continue;
+                }
+                restored += 1;
+                match (e.dirty, want) {
+                    (None, Some(_)) => shard.dirty += 1,
+                    (Some(_), None) => shard.dirty -= 1,
+                    _ => {}
+                }
+                e.dirty = want;
+                if let Some(d) = want {
+                    nvs.revalidate(d.slot);
+                    self.journal_record(e, track);
+                } else {
+                    self.journal_forget(e);
+                }
+            }
+            for f in &mut shard.frames {
+                f.track = EMPTY_TRACK;
+                f.referenced = false;
+                f.lrc = 0;
+            }
+            shard.free = (0..shard.frames.len() as u32).rev().collect();
+            shard.hand = 0;
+            for e in shard.map.values_mut() {
+                e.frame = NO_FRAME;
+                // The caller queues every dirty track for destage.
+                e.queued = e.dirty.is_some();
+            }
+            shard.map.retain(|_, e| !e.is_idle());
+        }
+        self.zeroing.write().clear();
+        restored
     }
 
     /// Install the rebuild hook (once; later calls are ignored).

@@ -22,6 +22,8 @@
 //! max_connections = 64
 //! device_queue_depth = 32                  # per device; a full queue backs off (rung 1)
 //! control_blocks = 4096                    # requests in flight, all connections
+//! output_commit = "off"                    # rung 3: off | stall | buffering | logging
+//! checkpoint_interval = "20ms"             # epoch length when output_commit is on
 //! # faults armed at start (as `rebound inject` would; for experiments):
 //! inject = ["panic cache.read rate=0.001 count=unlimited",
 //!           "group-fault cache rate=1e-4 duration=20ms"]
@@ -121,6 +123,93 @@ pub enum FlushPolicy {
     Nvs,
 }
 
+/// Rung 3's output commit (ReViveI/O): how writes to the devices are kept
+/// from escaping an epoch that may still be rolled back. `Off` disables
+/// epochs, held replies and rollback (rung 3 then escalates to rung 4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OutputCommit {
+    /// No epochs: replies and device writes leave at once.
+    #[default]
+    Off,
+    /// Hold device writes in memory until their epoch commits.
+    Stall,
+    /// Write to a buffer area at once; copy to the target after commit.
+    Buffering,
+    /// Save the old data aside, write in place; restore it on rollback.
+    Logging,
+}
+
+impl OutputCommit {
+    /// The flag's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::Stall => "stall",
+            Self::Buffering => "buffering",
+            Self::Logging => "logging",
+        }
+    }
+
+    /// Parse the flag's spelling.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        Ok(match text {
+            "off" => Self::Off,
+            "stall" => Self::Stall,
+            "buffering" => Self::Buffering,
+            "logging" => Self::Logging,
+            "renaming" => {
+                return Err(
+                    "output commit \"renaming\" is not implemented yet (use stall, buffering or logging)"
+                        .to_owned(),
+                );
+            }
+            other => {
+                return Err(format!(
+                    "unknown output commit scheme {other:?} (off, stall, buffering, logging)"
+                ));
+            }
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for OutputCommitSetting {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        OutputCommit::parse(&s)
+            .map(OutputCommitSetting)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// [`OutputCommit`] as written in the TOML file (refuses "renaming" with
+/// a message rather than as an unknown variant).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OutputCommitSetting(pub OutputCommit);
+
+fn de_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let s = String::deserialize(d)?;
+    parse_duration(&s).map_err(serde::de::Error::custom)
+}
+
+/// Parse a duration such as `20ms`, `500us`, `1s`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let value: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration (examples: 20ms, 500us, 1s)"))?;
+    match unit.trim() {
+        "us" => Ok(Duration::from_micros(value)),
+        "ms" => Ok(Duration::from_millis(value)),
+        "s" => Ok(Duration::from_secs(value)),
+        other => Err(format!(
+            "{text:?}: unknown unit {other:?} (use us, ms or s)"
+        )),
+    }
+}
+
 /// The configuration of one controller.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -168,6 +257,12 @@ pub struct Config {
     /// Request control blocks: requests in flight across all connections
     /// (admission waits for a free one; leaked ones are reclaimed).
     pub control_blocks: u32,
+    /// Rung 3's output commit scheme (`off`: no epochs, no rollback).
+    pub output_commit: OutputCommitSetting,
+    /// Epoch length: how often the controller's state is checkpointed and
+    /// held output released (when `output_commit` is on).
+    #[serde(deserialize_with = "de_duration")]
+    pub checkpoint_interval: Duration,
     /// Modelled device latency.
     pub device_latency: LatencyConfig,
     /// Faults armed at start, each as the words after `rebound inject`
@@ -199,6 +294,8 @@ impl Default for Config {
             max_connections: 64,
             device_queue_depth: 32,
             control_blocks: 4096,
+            output_commit: OutputCommitSetting::default(),
+            checkpoint_interval: Duration::from_millis(20),
             device_latency: LatencyConfig::default(),
             inject: Vec::new(),
         }
@@ -389,6 +486,14 @@ impl Config {
             return Err(invalid(
                 "device_queue_depth",
                 format!("must be in 1..={DEVICE_QUEUE_DEPTH_MAX}"),
+            ));
+        }
+        if self.checkpoint_interval < Duration::from_micros(100)
+            || self.checkpoint_interval > Duration::from_secs(10)
+        {
+            return Err(invalid(
+                "checkpoint_interval",
+                "must be between 100us and 10s",
             ));
         }
         if self.max_connections == 0 || self.max_connections > CONNECTIONS_MAX {

@@ -127,6 +127,10 @@ pub struct Controller {
     pub(crate) queues: Vec<DeviceQueue>,
     /// Request control blocks.
     pub(crate) blocks: ControlBlocks,
+    /// Rung 3: epochs, checkpoints, output commit.
+    pub(crate) epochs: crate::epoch::Epochs,
+    /// Shut down: the checkpoint thread stops.
+    closed: AtomicBool,
     startup: StartupReport,
 }
 
@@ -200,8 +204,11 @@ fn recover_state(
             Ok(rec) => match nvs.adopt(&BoxJournal::referenced(&rec.dirty), rec.next_seq) {
                 Ok(()) => {
                     let journal = Arc::new(rec.journal);
-                    let cache =
-                        Cache::new(frames, Some(Arc::clone(&journal) as Arc<dyn DirtyJournal>));
+                    let cache = Cache::with_checkpoints(
+                        frames,
+                        Some(Arc::clone(&journal) as Arc<dyn DirtyJournal>),
+                        config.output_commit.0 != crate::config::OutputCommit::Off,
+                    );
                     let mut dirty = rec.dirty;
                     dirty.sort_by_key(|&(_, d, _)| d.seq);
                     for (track, d, handle) in dirty {
@@ -222,7 +229,11 @@ fn recover_state(
         BoxJournal::create(&box_path, identity, nvs.last_seq() + 1)
             .map_err(OpenError::RecoveryBox)?,
     );
-    let cache = Cache::new(frames, Some(Arc::clone(&journal) as Arc<dyn DirtyJournal>));
+    let cache = Cache::with_checkpoints(
+        frames,
+        Some(Arc::clone(&journal) as Arc<dyn DirtyJournal>),
+        config.output_commit.0 != crate::config::OutputCommit::Off,
+    );
     let mut free = Vec::new();
     if let Some(scan) = &scan {
         let mut records = scan.records.clone();
@@ -315,6 +326,11 @@ impl Controller {
             max_payload_bytes: MAX_PAYLOAD_BYTES,
         };
         let blocks = ControlBlocks::new(config.control_blocks);
+        let epochs = crate::epoch::Epochs::new(
+            config.output_commit.0,
+            config.checkpoint_interval,
+            &config.data_dir,
+        )?;
         let queues = (0..config.devices)
             .map(|_| DeviceQueue::new(config.device_queue_depth))
             .collect();
@@ -337,6 +353,8 @@ impl Controller {
             identity,
             queues,
             blocks,
+            epochs,
+            closed: AtomicBool::new(false),
             startup: StartupReport {
                 kind,
                 scan,
@@ -387,9 +405,31 @@ impl Controller {
             })?;
             tracing::warn!(fault = %armed.trim(), "fault armed by the configuration");
         }
+        ctl.epochs.rebase(&ctl);
+        crate::epoch::start(&ctl)?;
         crate::destage::start_tick(&ctl);
         crate::destage::kick(&ctl);
         Ok(ctl)
+    }
+
+    /// Whether [`Controller::shutdown`] finished.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    /// Rung 3's epochs and output gate.
+    pub fn epochs(&self) -> &crate::epoch::Epochs {
+        &self.epochs
+    }
+
+    /// Rung 3: roll the controller's state back to the last checkpoint and
+    /// run the open epoch's requests again. Runs on the calling thread (not
+    /// a worker).
+    pub fn rollback(
+        self: &Arc<Self>,
+        cause: &str,
+    ) -> Result<crate::system::RollbackReport, SystemError> {
+        crate::system::rollback(self, cause)
     }
 
     /// Rung 4: quiesce, rebuild the in-memory state from the recovery box
@@ -528,9 +568,14 @@ impl Controller {
 
     /// Stop: refuse new work, destage everything, sync, stop the runtime.
     /// Connections must already be closed. Returns the flush result.
-    pub fn shutdown(&self) -> std::io::Result<()> {
+    pub fn shutdown(self: &Arc<Self>) -> std::io::Result<()> {
         self.stopping.store(true, Ordering::SeqCst);
         let flushed = self.flush_all();
+        if self.epochs.enabled() {
+            // Release what the last epoch holds (replies, device writes).
+            self.epochs.commit(self);
+        }
+        self.closed.store(true, Ordering::SeqCst);
         if let Some(rt) = self.runtime.lock().take() {
             rt.shutdown(Duration::from_secs(10));
         }

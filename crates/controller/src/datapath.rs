@@ -113,6 +113,9 @@ pub(crate) struct Request {
     pub(crate) block: Option<crate::ctlblock::Block>,
     /// Alive while the request is (its control block's owner).
     pub(crate) alive: Option<crate::ctlblock::Liveness>,
+    /// Passed validation: under output commit its reply waits in the
+    /// output gate for its epoch to commit (rung 3).
+    gated: bool,
 }
 
 /// What the clean-up block of a failed request does.
@@ -182,6 +185,7 @@ impl Request {
             note: None,
             block: None,
             alive: Some(Arc::new(())),
+            gated: false,
         }
     }
 
@@ -261,6 +265,7 @@ impl Request {
             note: None,
             block: self.block.take(),
             alive: self.alive.take(),
+            gated: self.gated,
         })
     }
 
@@ -361,6 +366,47 @@ impl Request {
         self.in_body = false;
     }
 
+    /// Rung 3: the request's work since its start may have been rolled
+    /// back; run it again from its first stage after validation, with its
+    /// kept header and payload (a write gets fresh NVS slots on resume).
+    pub(crate) fn rewind(&mut self) {
+        if std::mem::replace(&mut self.counted, false) {
+            self.ctl().system.left();
+        }
+        self.replied = false;
+        let Some(at) = self.at else { return };
+        if at.name == "host.receive" {
+            self.in_body = false;
+            return;
+        }
+        let g = self.ctl().groups;
+        let from = match self.header.kind {
+            cmd::READ => stage!(g.cache, Priority::High, cache_read, "cache.read"),
+            cmd::WRITE => {
+                debug_assert_eq!(
+                    self.payload.len(),
+                    self.header.length as usize,
+                    "output commit keeps write payloads"
+                );
+                // The rollback rebuilt the NVS free list: the old slots
+                // are not this request's any more.
+                self.reserve_on_resume = self.tracks() as u32;
+                self.slots.clear();
+                self.slot_state = SlotState::Reserved;
+                stage!(g.nvs, Priority::High, nvs_write, "nvs.write")
+            }
+            cmd::FLUSH => stage!(g.device, Priority::Medium, flush, "device.flush"),
+            cmd::TRIM | cmd::WRITE_ZEROES => {
+                stage!(g.device, Priority::Medium, zero, "device.zero")
+            }
+            _ => at,
+        };
+        self.misses.clear();
+        self.data = Vec::new();
+        self.at = Some(from);
+        self.in_body = false;
+    }
+
     /// NVS slots a parked request needs before it runs again.
     pub(crate) fn slots_to_reserve(&self) -> u32 {
         self.reserve_on_resume
@@ -395,8 +441,37 @@ impl Request {
         }
     }
 
-    /// Send the reply (data for a successful READ) and finish the request.
+    /// Send the reply (data for a successful READ) and finish the request;
+    /// under output commit, put it in the output gate until its epoch
+    /// commits.
     pub(crate) fn reply(mut self, result: Result<(), (NbdError, &str)>) {
+        let ctl = Arc::clone(self.ctl());
+        if self.gated && ctl.epochs.enabled() {
+            if std::mem::replace(&mut self.counted, false) {
+                ctl.system.left();
+            }
+            if self.header.kind == cmd::FLUSH || self.header.flags & cflags::FUA != 0 {
+                ctl.epochs.need_sync();
+            }
+            ctl.epochs
+                .hold_reply(Box::new(self), result.map_err(|(e, m)| (e, m.to_owned())));
+            return;
+        }
+        self.reply_now(result);
+    }
+
+    /// The reply of a request held in the output gate, at its epoch's
+    /// commit.
+    pub(crate) fn reply_committed(self: Box<Self>, result: Result<(), (NbdError, String)>) {
+        (*self).reply_now(
+            result
+                .as_ref()
+                .map(|_| ())
+                .map_err(|(e, m)| (*e, m.as_str())),
+        );
+    }
+
+    fn reply_now(mut self, result: Result<(), (NbdError, &str)>) {
         self.replied = true;
         self.give_back_slots();
         self.give_back_block();
@@ -570,6 +645,8 @@ fn receive(ctx: &mut TaskCtx<'_>, req: Box<Request>) -> Result<(), Failure> {
         req.reply(Err((e, msg)));
         return Ok(());
     }
+    let mut req = req;
+    req.gated = true;
     let g = req.ctl().groups;
     let no_data = h.length == 0 && h.kind != cmd::FLUSH;
     if no_data {
@@ -731,8 +808,7 @@ fn device_stage(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Fail
             }
         };
         let chunk = &mut req.data[i * TRACK_BYTES..(i + 1) * TRACK_BYTES];
-        let (dev, offset) = ctl.volume.locate(track);
-        let read = dev.read_at(chunk, offset);
+        let read = ctl.epochs.device.read(&ctl.volume, track, chunk);
         queue.complete(tag);
         if let Err(e) = read {
             tracing::error!(error = %e, track, "device read failed");
@@ -817,6 +893,8 @@ fn cache_apply(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failu
     // a destage of a partly applied write would read (and write to the
     // device) what a rollback must take back.
     let mut to_destage = Vec::new();
+    // A commit never cuts through a write's application (rung 3).
+    let changing = ctl.epochs.changing();
     let actor = loglock::Actor::begin(NEXT_ACTOR.fetch_add(1, Ordering::Relaxed));
     let point = actor
         .recovery_point(loglock::RecoveryCriterion::ISOLATED_ROLLBACK)
@@ -865,12 +943,15 @@ fn cache_apply(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failu
         return Err(failure);
     }
     drop(actor);
+    drop(changing);
     for track in to_destage {
         ctl.destage.push(track);
     }
     req.slot_state = SlotState::Applied;
     req.slots.clear();
-    ctl.nvs.release(&free); // invalidated by the apply, under the lock
+    // Invalidated by the apply, under the lock; given back now, or at the
+    // epoch's commit under output commit.
+    ctl.epochs.retire(&ctl, &free);
     crate::destage::kick(&ctl);
     if req.header.flags & cflags::FUA != 0 {
         next(
@@ -879,7 +960,11 @@ fn cache_apply(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failu
             stage!(ctl.groups.device, Priority::High, fua, "device.fua"),
         );
     } else {
-        req.payload = Vec::new();
+        if !ctl.epochs.enabled() {
+            // Under output commit the payload is kept until the reply
+            // leaves: a rollback runs the write again.
+            req.payload = Vec::new();
+        }
         next(
             ctx,
             req,
@@ -993,18 +1078,33 @@ fn zero(_ctx: &mut TaskCtx<'_>, req: Box<Request>) -> Result<(), Failure> {
     let keep = req.header.kind == cmd::WRITE_ZEROES && req.header.flags & cflags::NO_HOLE != 0;
     let seq = ctl.nvs.next_seqs(1);
     ctl.cache.begin_zeroing(first, end);
+    // Under output commit a held destage write ends at its epoch's commit:
+    // wait for it (a held write landing after the zeroing would undo it).
     while ctl.cache.destaging_in(first, end) {
-        std::thread::yield_now();
+        if ctl.system.is_quiescing() {
+            ctl.cache.end_zeroing(&ctl.nvs, first, end, 0);
+            ctl.system.park(req);
+            return Ok(());
+        }
+        if ctl.epochs.enabled() {
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        } else {
+            std::thread::yield_now();
+        }
     }
     let zeroed = ctl.volume.zero_tracks(first, end, keep);
     // Even if the devices failed, lift the fence: records stay dirty and
     // the old data is still what reads return.
-    let freed = if zeroed.is_ok() {
-        ctl.cache.end_zeroing(&ctl.nvs, first, end, seq)
-    } else {
-        ctl.cache.end_zeroing(&ctl.nvs, first, end, 0)
+    let freed = {
+        let _changing = ctl.epochs.changing();
+        if zeroed.is_ok() {
+            ctl.cache.end_zeroing(&ctl.nvs, first, end, seq)
+        } else {
+            ctl.cache.end_zeroing(&ctl.nvs, first, end, 0)
+        }
     };
-    ctl.nvs.release(&freed); // invalidated by end_zeroing, under the lock
+    // Invalidated by end_zeroing, under the lock.
+    ctl.epochs.retire(&ctl, &freed);
     let synced = zeroed.and_then(|()| {
         if req.header.flags & cflags::FUA != 0 {
             ctl.volume.sync()

@@ -138,8 +138,8 @@ fn batch(ctl: &Arc<Controller>) {
                 break;
             }
             Err(e) => {
+                // `end` queued it for the next tick.
                 tracing::warn!(track, error = %e, "destage failed; will retry");
-                ctl.destage.failed.lock().push(track);
             }
         }
     }
@@ -173,34 +173,61 @@ fn one(ctl: &Controller, track: u64) -> std::io::Result<bool> {
             format!("device {queue_index} {full}"),
         )
     })?;
-    let Some(d) = ctl.cache.begin_destage(track) else {
+    let begun = {
+        let _changing = ctl.epochs.changing();
+        ctl.cache.begin_destage(track)
+    };
+    let Some(d) = begun else {
         queue.complete(tag);
         return Ok(false);
     };
     let mut buf = vec![0u8; TRACK_BYTES];
     let written = read_record(ctl, track, d, &mut buf).and_then(|()| {
-        let (dev, offset) = ctl.volume.locate(track);
-        dev.write_at(&buf, offset)
+        ctl.epochs
+            .device
+            .write(&ctl.volume, track, d, &buf, ctl.epochs.open())
     });
     queue.complete(tag);
-    let end = ctl.cache.end_destage(&ctl.nvs, track, d, written.is_ok());
-    if let Some(slot) = end.free {
-        // Invalidated by end_destage, under the track's lock.
-        ctl.nvs.release(&[slot]);
+    if written.is_ok() && ctl.epochs.device.holds_writes() {
+        // Output commit: the write is held; the commit that puts it on the
+        // device ends the destage (`end_held`).
+        return Ok(true);
     }
-    if end.queue && written.is_ok() {
-        ctl.destage.push(track);
-    }
+    end(ctl, track, d, written.is_ok());
     match written {
-        Ok(()) => {
-            ctl.metrics.destaged_tracks.fetch_add(1, Ordering::Relaxed);
-            Ok(true)
-        }
+        Ok(()) => Ok(true),
         Err(e) => {
             ctl.metrics.destage_errors.fetch_add(1, Ordering::Relaxed);
             Err(e)
         }
     }
+}
+
+/// End the destage of record `d` of `track`.
+fn end(ctl: &Controller, track: u64, d: crate::cache::Dirty, written: bool) {
+    let end = {
+        let _changing = ctl.epochs.changing();
+        ctl.cache.end_destage(&ctl.nvs, track, d, written)
+    };
+    if let Some(slot) = end.free {
+        // Invalidated by end_destage, under the track's lock; given back
+        // now, or at the epoch's commit under output commit.
+        ctl.epochs.retire(ctl, &[slot]);
+    }
+    if end.queue && written {
+        ctl.destage.push(track);
+    }
+    if written {
+        ctl.metrics.destaged_tracks.fetch_add(1, Ordering::Relaxed);
+    } else {
+        ctl.destage.failed.lock().push(track);
+    }
+}
+
+/// A held destage write reached its device at its epoch's commit (or, with
+/// `written` false, was dropped by a rollback): end its destage.
+pub(crate) fn end_held(ctl: &Controller, track: u64, d: crate::cache::Dirty, written: bool) {
+    end(ctl, track, d, written);
 }
 
 fn read_record(
@@ -254,6 +281,14 @@ pub(crate) fn force(ctl: &Controller, track: u64) -> std::io::Result<()> {
         }
         if !ctl.cache.is_dirty(track) {
             return Ok(());
+        }
+        if ctl.system.is_quiescing() {
+            // A recovery waits for this stage to leave; it parks and runs
+            // again once the state is rebuilt.
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::Interrupted,
+                "a recovery is quiescing the controller",
+            ));
         }
         if Instant::now() >= deadline {
             return Err(std::io::Error::new(

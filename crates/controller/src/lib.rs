@@ -42,6 +42,7 @@ pub mod destage;
 #[allow(unsafe_code)]
 pub mod device;
 pub mod devqueue;
+pub mod epoch;
 pub mod http;
 pub mod journal;
 pub mod limits;
@@ -49,12 +50,15 @@ pub mod metrics;
 pub mod nbd;
 #[allow(unsafe_code)]
 pub mod nvs;
+pub mod pseudodev;
 pub mod recovery;
 pub mod server;
 pub mod system;
 pub mod timer;
 pub mod volume;
 
-pub use config::{Config, ConfigError, FlushPolicy, LatencyConfig, parse_size};
+pub use config::{
+    Config, ConfigError, FlushPolicy, LatencyConfig, OutputCommit, parse_duration, parse_size,
+};
 pub use controller::{Controller, Groups, OpenError, RestartKind, StartupReport};
 pub use server::Server;

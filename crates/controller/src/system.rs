@@ -108,6 +108,50 @@ pub enum SystemError {
     /// The controller is shutting down.
     #[error("the controller is shutting down")]
     Stopping,
+    /// Rollback needs epochs (`--output-commit` other than off).
+    #[error(
+        "rollback needs output commit (serve with --output-commit stall, buffering or logging)"
+    )]
+    NoEpochs,
+}
+
+/// What one rollback (rung 3) did.
+#[derive(Debug, Clone)]
+pub struct RollbackReport {
+    /// Why it ran.
+    pub cause: String,
+    /// The epoch rolled back (its work runs again).
+    pub epoch: u64,
+    /// Directory entries put back to their checkpoint value.
+    pub restored_tracks: u64,
+    /// Held device writes dropped (stall, buffering) or logged writes
+    /// undone on the devices (logging).
+    pub dropped_writes: u64,
+    /// Requests run again: held replies plus requests in the pipeline.
+    pub rerun: u64,
+    /// Time to quiesce.
+    pub quiesce: Duration,
+    /// Time to restore the checkpoint.
+    pub restore: Duration,
+    /// Gate closed to gate open.
+    pub total: Duration,
+}
+
+impl std::fmt::Display for RollbackReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "rung 3 rollback ({}): epoch {} rolled back, {} directory entries restored, {} held device writes dropped, {} requests run again; quiesce {:.3?}, restore {:.3?}, total {:.3?}",
+            self.cause,
+            self.epoch,
+            self.restored_tracks,
+            self.dropped_writes,
+            self.rerun,
+            self.quiesce,
+            self.restore,
+            self.total
+        )
+    }
 }
 
 /// The state rung 4 needs: the admission gate, the quiesce flag, the count
@@ -164,19 +208,34 @@ impl SystemRecovery {
     }
 }
 
-/// Escalate to rung 4 from a task (the request is already parked): start a
-/// system recovery on its own thread unless one is running.
+/// Escalate from a task (the request is already parked): no task-level
+/// recovery is safe, so the in-memory state is restored on its own thread,
+/// unless a recovery is running: from the last checkpoint (rung 3) when
+/// output commit is on, else (or if the rollback cannot run) rebuilt from
+/// the recovery box (rung 4).
 pub(crate) fn escalate(ctl: &Arc<Controller>, cause: String) {
     if ctl.system.running.load(Ordering::Acquire) {
         return;
     }
     let c = Arc::clone(ctl);
     let spawned = std::thread::Builder::new()
-        .name("rebound-rung4".into())
-        .spawn(move || match recover(&c, &cause) {
-            Ok(report) => tracing::warn!("{report}"),
-            Err(SystemError::Busy) => {}
-            Err(e) => tracing::error!(error = %e, "system recovery did not run"),
+        .name("rebound-recovery".into())
+        .spawn(move || {
+            if c.epochs.enabled() {
+                match rollback(&c, &cause) {
+                    Ok(report) => {
+                        tracing::warn!("{report}");
+                        return;
+                    }
+                    Err(SystemError::Busy) => return,
+                    Err(e) => tracing::error!(error = %e, "rollback did not run; rung 4"),
+                }
+            }
+            match recover(&c, &cause) {
+                Ok(report) => tracing::warn!("{report}"),
+                Err(SystemError::Busy) => {}
+                Err(e) => tracing::error!(error = %e, "system recovery did not run"),
+            }
         });
     if let Err(e) = spawned {
         tracing::error!(error = %e, "cannot start the system recovery thread; aborting (rung 5 takes over)");
@@ -209,22 +268,17 @@ fn run(ctl: &Arc<Controller>, cause: &str) -> Result<SystemReport, SystemError> 
     let sys = &ctl.system;
     let started = Instant::now();
     tracing::warn!(cause, "rung 4: system recovery starts; quiescing");
+    let serial = ctl.epochs.serial.lock();
     let gate = sys.gate.write();
     sys.quiescing.store(true, Ordering::SeqCst);
-    let deadline = started + QUIESCE_TIMEOUT;
-    while sys.in_pipeline() > 0 || ctl.destage.inflight() > 0 {
-        if Instant::now() >= deadline {
-            tracing::error!(
-                in_pipeline = sys.in_pipeline(),
-                destaging = ctl.destage.inflight(),
-                "rung 4: the pipeline did not drain in {QUIESCE_TIMEOUT:?}; aborting (rung 5 takes over)"
-            );
-            std::process::abort();
-        }
-        std::thread::sleep(Duration::from_micros(50));
-    }
+    quiesce(ctl, started, "rung 4");
     let quiesced = Instant::now();
     let parked = std::mem::take(&mut *sys.parked.lock());
+    if ctl.epochs.enabled() {
+        // The rebuild keeps the current state, not the checkpoint: release
+        // what the open epoch holds (device writes first, then replies).
+        ctl.epochs.commit_serial(ctl);
+    }
 
     // Rebuild.
     ctl.cache.reset();
@@ -269,6 +323,8 @@ fn run(ctl: &Arc<Controller>, cause: &str) -> Result<SystemReport, SystemError> 
         ctl.nvs.free(&free);
     }
     let dirty_tracks = ctl.cache.dirty_tracks();
+    ctl.epochs.after_rebuild(ctl);
+    drop(serial);
     let rebuilt = Instant::now();
 
     // Redrive.
@@ -300,6 +356,159 @@ fn run(ctl: &Arc<Controller>, cause: &str) -> Result<SystemReport, SystemError> 
         ),
         report.total,
         redriven,
+    );
+    Ok(report)
+}
+
+/// Wait until no request is in a stage body and no destage task runs.
+fn quiesce(ctl: &Controller, started: Instant, rung: &str) {
+    let sys = &ctl.system;
+    let deadline = started + QUIESCE_TIMEOUT;
+    while sys.in_pipeline() > 0 || ctl.destage.inflight() > 0 {
+        if Instant::now() >= deadline {
+            tracing::error!(
+                in_pipeline = sys.in_pipeline(),
+                destaging = ctl.destage.inflight(),
+                "{rung}: the pipeline did not drain in {QUIESCE_TIMEOUT:?}; aborting (rung 5 takes over)"
+            );
+            std::process::abort();
+        }
+        std::thread::sleep(Duration::from_micros(50));
+    }
+}
+
+/// Rung 3: roll the controller's in-memory state back to the last
+/// checkpoint and run the open epoch's requests again (see
+/// [`crate::epoch`]). Runs on the calling thread, which must not be a
+/// worker of the runtime.
+pub fn rollback(ctl: &Arc<Controller>, cause: &str) -> Result<RollbackReport, SystemError> {
+    if !ctl.epochs.enabled() {
+        return Err(SystemError::NoEpochs);
+    }
+    let sys = &ctl.system;
+    if sys.running.swap(true, Ordering::AcqRel) {
+        return Err(SystemError::Busy);
+    }
+    let result = run_rollback(ctl, cause);
+    sys.running.store(false, Ordering::Release);
+    let late = std::mem::take(&mut *sys.parked.lock());
+    for mut req in late {
+        req.rewind();
+        resume(ctl, req);
+    }
+    result
+}
+
+fn run_rollback(ctl: &Arc<Controller>, cause: &str) -> Result<RollbackReport, SystemError> {
+    if ctl.stopping.load(Ordering::SeqCst) {
+        return Err(SystemError::Stopping);
+    }
+    let sys = &ctl.system;
+    let started = Instant::now();
+    tracing::warn!(cause, "rung 3: rollback starts; quiescing");
+    // No commit may run from here: the checkpoint is what we go back to.
+    let serial = ctl.epochs.serial.lock();
+    let gate = sys.gate.write();
+    sys.quiescing.store(true, Ordering::SeqCst);
+    quiesce(ctl, started, "rung 3");
+    let quiesced = Instant::now();
+    let parked = std::mem::take(&mut *sys.parked.lock());
+    let (epoch, cut, held) = ctl.epochs.begin_rollback();
+
+    // Devices: no write of the open epoch may stay. Held writes of earlier
+    // epochs not yet written (issued just after their epoch's cut) are
+    // dropped too: their records are still dirty and destage again.
+    let device = &ctl.epochs.device;
+    let from = if device.holds_writes() { 0 } else { epoch };
+    let (dropped, undone) = device.rollback(&ctl.volume, from);
+    if let Err(e) = &undone {
+        tracing::error!(error = %e, "rung 3: a logged device write could not be undone");
+    }
+    let dropped_writes = dropped.len() as u64;
+    for h in dropped {
+        let end = ctl.cache.end_destage(&ctl.nvs, h.track, h.destage, false);
+        debug_assert!(end.free.is_none());
+    }
+    // The directory, then the NVS: every record the restored directory
+    // names is valid again; every other one (the open epoch's) is erased
+    // and its slot freed.
+    let restored_tracks = ctl
+        .cache
+        .roll_back_changes(&ctl.nvs, |t| ctl.epochs.image_of(t));
+    let records = ctl.cache.dirty_records();
+    let referenced: Vec<crate::nvs::ScannedRecord> = records
+        .iter()
+        .map(|&(track, d)| crate::nvs::ScannedRecord {
+            slot: d.slot,
+            seq: d.seq,
+            track,
+        })
+        .collect();
+    let adopted = ctl.nvs.adopt(&referenced, ctl.nvs.last_seq() + 1);
+    ctl.destage.reset();
+    let mut sorted = records;
+    sorted.sort_by_key(|&(_, d)| d.seq);
+    for (track, _) in sorted {
+        ctl.destage.push(track);
+    }
+    drop(cut);
+    let restored = Instant::now();
+    ctl.epochs.stats.rollbacks.fetch_add(1, Ordering::Relaxed);
+
+    // Run the epoch's requests again: those whose replies were held and
+    // those in the pipeline.
+    let mut rerun: Vec<Box<Request>> = held.into_iter().map(|h| h.req).collect();
+    rerun.extend(parked);
+    let count = rerun.len() as u64;
+    sys.quiescing.store(false, Ordering::SeqCst);
+    drop(serial);
+    if let Err(e) = adopted {
+        // The NVS does not hold what the checkpoint names: the
+        // checkpoint cannot be trusted. Rung 4 rebuilds from the box or a
+        // scan (the requests wait, parked).
+        tracing::error!(error = %e, "rung 3: the NVS disagrees with the checkpoint; rung 4");
+        for mut req in rerun {
+            req.rewind();
+            sys.park(req);
+        }
+        drop(gate);
+        sys.running.store(false, Ordering::Release);
+        let report = recover(ctl, &format!("{cause}; rollback refused: {e}"));
+        sys.running.store(true, Ordering::Release);
+        return report.map(|r| RollbackReport {
+            cause: cause.to_owned(),
+            epoch,
+            restored_tracks: 0,
+            dropped_writes,
+            rerun: r.redriven,
+            quiesce: quiesced - started,
+            restore: r.rebuild,
+            total: started.elapsed(),
+        });
+    }
+    crate::destage::kick(ctl);
+    for mut req in rerun {
+        req.rewind();
+        resume(ctl, req);
+    }
+    drop(gate);
+    let report = RollbackReport {
+        cause: cause.to_owned(),
+        epoch,
+        restored_tracks,
+        dropped_writes,
+        rerun: count,
+        quiesce: quiesced - started,
+        restore: restored - quiesced,
+        total: started.elapsed(),
+    };
+    ctl.recoveries.record(
+        Rung::Rollback,
+        format!(
+            "{cause}; epoch {epoch} rolled back ({restored_tracks} entries restored, {dropped_writes} held writes dropped)"
+        ),
+        report.total,
+        count,
     );
     Ok(report)
 }

@@ -180,9 +180,9 @@ impl Access {
 
     #[inline]
     fn new(actor: ActorId, tracks: bool, capture: bool, exclusive: bool) -> Self {
-        let flags = u8::from(tracks) * Self::TRACKS
-            | u8::from(capture) * Self::CAPTURE
-            | u8::from(exclusive) * Self::EXCLUSIVE;
+        let flags = (u8::from(tracks) * Self::TRACKS)
+            | (u8::from(capture) * Self::CAPTURE)
+            | (u8::from(exclusive) * Self::EXCLUSIVE);
         Self { actor, flags }
     }
 

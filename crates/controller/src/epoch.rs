@@ -1,0 +1,346 @@
+//! Rung 3: epochs, incremental checkpoints and output commit (paper:
+//! revive-io-output-commit; DESIGN.md's ladder, rung 3).
+//!
+//! With `--output-commit` on, the controller's life is cut into epochs of
+//! `--checkpoint-interval` (default 20 ms). Nothing produced in the open
+//! epoch leaves the controller before the epoch commits:
+//!
+//! - **replies** to hosts wait in the output gate ([`Epochs::hold_reply`]);
+//! - **device writes** go through the [pseudo-device](crate::pseudodev)
+//!   (held, buffered, or logged);
+//! - **NVS slots** the directory stops naming are given back to the free
+//!   list only at commit ([`Epochs::retire`]), so the checkpoint's records
+//!   are never overwritten while it may be rolled back to.
+//!
+//! # The checkpoint
+//!
+//! The state a rollback restores is the cache directory's dirty part (the
+//! track -> NVS record map; cached copies are only copies and are dropped,
+//! the destage queue and NVS free list are derived from it). The cache notes
+//! every track whose dirty entry changes ([`Cache::take_changes`]); a commit
+//! copies only those entries into the checkpoint image: the checkpoint is
+//! incremental, its cost proportional to what the epoch changed.
+//!
+//! A commit is a consistent cut: stages that change the directory hold the
+//! epoch lock shared ([`Epochs::changing`]); the commit takes it
+//! exclusively for the copy and the epoch switch (microseconds), then,
+//! outside it, writes the epoch's held device writes to their targets, ends
+//! their destages, gives back retired NVS slots, and sends the held
+//! replies, in that order.
+//!
+//! # Rollback
+//!
+//! [`crate::system::rollback`] quiesces the pipeline (as rung 4 does),
+//! drops the open epoch's held writes (or writes logged old data back),
+//! puts every changed directory entry back to its checkpoint value, erases
+//! the open epoch's NVS records, and runs every request of the open epoch
+//! again from its start: its header and payload were kept. Hosts see only
+//! a delay; no reply was sent for rolled-back work.
+//!
+//! [`Cache::take_changes`]: crate::cache::Cache::take_changes
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex, RwLock, RwLockReadGuard};
+use rustc_hash::FxHashMap;
+
+use crate::cache::Dirty;
+use crate::config::OutputCommit;
+use crate::controller::Controller;
+use crate::datapath::Request;
+use crate::nbd::proto::NbdError;
+use crate::pseudodev::PseudoDevice;
+
+/// A reply waiting for its epoch to commit.
+pub(crate) struct HeldReply {
+    epoch: u64,
+    pub(crate) req: Box<Request>,
+    pub(crate) result: Result<(), (NbdError, String)>,
+}
+
+/// Counters of the epoch machinery.
+#[derive(Debug, Default)]
+pub struct EpochStats {
+    /// Epochs committed.
+    pub commits: AtomicU64,
+    /// Total time inside the exclusive part of commits, nanoseconds.
+    pub cut_ns: AtomicU64,
+    /// Longest exclusive part of a commit, nanoseconds.
+    pub cut_ns_max: AtomicU64,
+    /// Directory entries copied into the checkpoint.
+    pub entries_copied: AtomicU64,
+    /// Replies released by commits.
+    pub replies_released: AtomicU64,
+    /// Device writes released by commits.
+    pub writes_released: AtomicU64,
+    /// Rollbacks.
+    pub rollbacks: AtomicU64,
+}
+
+/// Epochs, the checkpoint image and the output gate.
+pub struct Epochs {
+    scheme: OutputCommit,
+    interval: Duration,
+    /// Shared by stages changing the directory; exclusive for a cut.
+    lock: RwLock<()>,
+    /// One commit or rollback at a time.
+    pub(crate) serial: Mutex<()>,
+    open: AtomicU64,
+    committed: Mutex<u64>,
+    advanced: Condvar,
+    image: Mutex<FxHashMap<u64, Dirty>>,
+    replies: Mutex<Vec<HeldReply>>,
+    retired: Mutex<Vec<(u64, u32)>>,
+    /// A FUA or FLUSH is waiting: the commit syncs the devices before it
+    /// releases replies.
+    sync_needed: AtomicBool,
+    pub(crate) device: PseudoDevice,
+    pub(crate) stats: EpochStats,
+}
+
+impl std::fmt::Debug for Epochs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Epochs")
+            .field("scheme", &self.scheme)
+            .field("interval", &self.interval)
+            .field("open", &self.open.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Epochs {
+    /// Epochs for `scheme` (off: no epochs) every `interval`; the
+    /// buffering scheme keeps its buffer area in `dir`.
+    pub fn new(
+        scheme: OutputCommit,
+        interval: Duration,
+        dir: &std::path::Path,
+    ) -> std::io::Result<Self> {
+        Ok(Self {
+            scheme,
+            interval,
+            lock: RwLock::new(()),
+            serial: Mutex::new(()),
+            open: AtomicU64::new(1),
+            committed: Mutex::new(0),
+            advanced: Condvar::new(),
+            image: Mutex::new(FxHashMap::default()),
+            replies: Mutex::new(Vec::new()),
+            retired: Mutex::new(Vec::new()),
+            sync_needed: AtomicBool::new(false),
+            device: PseudoDevice::new(scheme, dir)?,
+            stats: EpochStats::default(),
+        })
+    }
+
+    /// Whether epochs, output commit and rollback are on.
+    #[inline]
+    pub fn enabled(&self) -> bool {
+        self.scheme != OutputCommit::Off
+    }
+
+    /// The scheme.
+    pub fn scheme(&self) -> OutputCommit {
+        self.scheme
+    }
+
+    /// The checkpoint interval.
+    pub fn interval(&self) -> Duration {
+        self.interval
+    }
+
+    /// The open epoch.
+    pub fn open(&self) -> u64 {
+        self.open.load(Ordering::Acquire)
+    }
+
+    /// Held replies now.
+    pub fn held_replies(&self) -> usize {
+        self.replies.lock().len()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &EpochStats {
+        &self.stats
+    }
+
+    /// Held shared while a stage changes the cache directory, so a commit
+    /// never cuts through a change. `None` when epochs are off.
+    #[inline]
+    pub(crate) fn changing(&self) -> Option<RwLockReadGuard<'_, ()>> {
+        self.enabled().then(|| self.lock.read())
+    }
+
+    /// Put a finished request's reply in the output gate.
+    pub(crate) fn hold_reply(&self, req: Box<Request>, result: Result<(), (NbdError, String)>) {
+        let _shared = self.lock.read();
+        let epoch = self.open();
+        self.replies.lock().push(HeldReply { epoch, req, result });
+    }
+
+    /// Give NVS slots back at the commit of the open epoch (their records
+    /// are invalidated already; the checkpoint may still name them).
+    pub(crate) fn retire(&self, ctl: &Controller, slots: &[u32]) {
+        if slots.is_empty() {
+            return;
+        }
+        if !self.enabled() {
+            ctl.nvs.release(slots);
+            return;
+        }
+        let _shared = self.lock.read();
+        let epoch = self.open();
+        self.retired
+            .lock()
+            .extend(slots.iter().map(|&slot| (epoch, slot)));
+    }
+
+    /// A FUA or FLUSH reply is held: sync the devices at the commit.
+    pub(crate) fn need_sync(&self) {
+        self.sync_needed.store(true, Ordering::Release);
+    }
+
+    /// The checkpoint image's record for `track`.
+    pub(crate) fn image_of(&self, track: u64) -> Option<Dirty> {
+        self.image.lock().get(&track).copied()
+    }
+
+    /// Replace the image with the whole directory (start-up, after rung 4).
+    pub(crate) fn rebase(&self, ctl: &Controller) {
+        let mut image = self.image.lock();
+        image.clear();
+        ctl.cache.take_changes(|_, _| {});
+        for (track, d) in ctl.cache.dirty_records() {
+            image.insert(track, d);
+        }
+    }
+
+    /// Commit the open epoch (the checkpoint thread every interval; rung 4
+    /// before its rebuild; shutdown). Returns the epoch committed.
+    pub(crate) fn commit(&self, ctl: &Arc<Controller>) -> u64 {
+        let _serial = self.serial.lock();
+        self.commit_serial(ctl)
+    }
+
+    /// [`Epochs::commit`] with `serial` held by the caller.
+    pub(crate) fn commit_serial(&self, ctl: &Arc<Controller>) -> u64 {
+        let cut_started = Instant::now();
+        let (epoch, replies, retired) = {
+            let _cut = self.lock.write();
+            let epoch = self.open();
+            let mut image = self.image.lock();
+            let mut copied = 0u64;
+            ctl.cache.take_changes(|track, d| {
+                copied += 1;
+                match d {
+                    Some(d) => image.insert(track, d),
+                    None => image.remove(&track),
+                };
+            });
+            drop(image);
+            self.stats
+                .entries_copied
+                .fetch_add(copied, Ordering::Relaxed);
+            let replies = std::mem::take(&mut *self.replies.lock());
+            let retired = std::mem::take(&mut *self.retired.lock());
+            self.open.store(epoch + 1, Ordering::Release);
+            (epoch, replies, retired)
+        };
+        let cut = cut_started.elapsed().as_nanos() as u64;
+        self.stats.cut_ns.fetch_add(cut, Ordering::Relaxed);
+        self.stats.cut_ns_max.fetch_max(cut, Ordering::Relaxed);
+        // Outputs of `epoch`, in order: device writes, their destages,
+        // slots, durability, replies.
+        let (writes, written) = self.device.commit(&ctl.volume, epoch);
+        if let Err(e) = &written {
+            tracing::error!(error = %e, epoch, "output commit: some held writes stay held");
+        }
+        self.stats
+            .writes_released
+            .fetch_add(writes.len() as u64, Ordering::Relaxed);
+        for h in writes {
+            crate::destage::end_held(ctl, h.track, h.destage, true);
+        }
+        let slots: Vec<u32> = retired.into_iter().map(|(_, s)| s).collect();
+        ctl.nvs.release(&slots);
+        if self.sync_needed.swap(false, Ordering::AcqRel)
+            && let Err(e) = ctl.volume.sync()
+        {
+            tracing::error!(error = %e, "output commit: device sync failed");
+        }
+        self.stats
+            .replies_released
+            .fetch_add(replies.len() as u64, Ordering::Relaxed);
+        for r in replies {
+            debug_assert!(r.epoch <= epoch);
+            r.req.reply_committed(r.result);
+        }
+        *self.committed.lock() = epoch;
+        self.advanced.notify_all();
+        self.stats.commits.fetch_add(1, Ordering::Relaxed);
+        if !ctl.destage.is_empty() {
+            // Destages ended by this commit may have requeued tracks.
+            crate::destage::kick(ctl);
+        }
+        epoch
+    }
+
+    /// Rollback, under `serial` and with the pipeline quiesced: take the
+    /// open epoch's held replies (their requests run again), forget its
+    /// retired slots (the NVS free list is rebuilt), and hold the cut lock
+    /// for the restore.
+    pub(crate) fn begin_rollback(&self) -> (u64, RollbackCut<'_>, Vec<HeldReply>) {
+        let cut = self.lock.write();
+        let epoch = self.open();
+        let replies = std::mem::take(&mut *self.replies.lock());
+        self.retired.lock().clear();
+        (epoch, RollbackCut { _cut: cut }, replies)
+    }
+
+    /// After rung 4 rebuilt the directory: forget retired slots (the NVS
+    /// free list was rebuilt) and rebase the image.
+    pub(crate) fn after_rebuild(&self, ctl: &Controller) {
+        self.retired.lock().clear();
+        self.rebase(ctl);
+    }
+}
+
+/// The exclusive cut lock, held through a rollback's restore.
+pub(crate) struct RollbackCut<'a> {
+    _cut: parking_lot::RwLockWriteGuard<'a, ()>,
+}
+
+/// Start the checkpoint thread: commits every interval until the
+/// controller is gone.
+pub(crate) fn start(ctl: &Arc<Controller>) -> std::io::Result<()> {
+    if !ctl.epochs.enabled() {
+        return Ok(());
+    }
+    let weak: Weak<Controller> = Arc::downgrade(ctl);
+    let interval = ctl.epochs.interval;
+    std::thread::Builder::new()
+        .name("rebound-epoch".into())
+        .spawn(move || {
+            let mut next = Instant::now() + interval;
+            loop {
+                let now = Instant::now();
+                if next > now {
+                    std::thread::sleep(next - now);
+                }
+                next += interval;
+                if Instant::now() > next {
+                    // Fell behind (a long rollback, a stopped process):
+                    // do not try to catch up.
+                    next = Instant::now() + interval;
+                }
+                let Some(ctl) = weak.upgrade() else { return };
+                if ctl.is_closed() {
+                    return;
+                }
+                ctl.epochs.commit(&ctl);
+            }
+        })?;
+    Ok(())
+}

@@ -1,0 +1,307 @@
+//! The pseudo-device layer of output commit (paper: revive-io-output-commit,
+//! §3 "output commit" for disk writes): every destage write of an epoch
+//! passes through it, so no device holds data from an epoch that may still
+//! be rolled back, or, for `logging`, the data it overwrote can be put back.
+//!
+//! | scheme | on write (epoch e open) | at commit of e | at rollback of e |
+//! |---|---|---|---|
+//! | `stall` | hold the data in memory | write it to the target | drop it |
+//! | `buffering` | write it to the buffer area (a file beside the devices) | copy buffer to target | drop the buffer entry |
+//! | `logging` | copy the old data aside, write in place | drop the old copy | write the old data back (newest first) |
+//!
+//! Reads of a track with a held write (stall, buffering) are served from the
+//! held copy, so a read never sees older data than the directory promises.
+//! A held write is taken off only after its data is on the target.
+//!
+//! The write's destage is not finished while its data is held: the cache
+//! directory keeps the track *destaging* and the NVS record valid (and the
+//! recovery box naming it) until the commit has written the target; the
+//! commit then ends the destage ([`Held::destage`]). A crash before that
+//! finds the record in the NVS and destages it again.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
+
+use crate::cache::Dirty;
+use crate::config::OutputCommit;
+use crate::limits::TRACK_BYTES;
+use crate::volume::Volume;
+
+/// Where a held write's data is.
+#[derive(Debug, Clone)]
+enum Data {
+    /// In memory (stall).
+    Memory(Arc<[u8]>),
+    /// In a slot of the buffer area (buffering).
+    Buffer(u32),
+}
+
+/// One write held until its epoch commits.
+#[derive(Debug, Clone)]
+pub(crate) struct Held {
+    /// Epoch it was issued in.
+    pub epoch: u64,
+    /// The track.
+    pub track: u64,
+    /// The destage it belongs to (ended by the commit).
+    pub destage: Dirty,
+    data: Data,
+}
+
+/// The buffer area of `buffering`: a file of track-sized slots.
+#[derive(Debug)]
+struct BufferArea {
+    file: File,
+    path: PathBuf,
+    free: Vec<u32>,
+    slots: u32,
+}
+
+impl BufferArea {
+    fn alloc(&mut self) -> u32 {
+        self.free.pop().unwrap_or_else(|| {
+            self.slots += 1;
+            self.slots - 1
+        })
+    }
+
+    fn offset(slot: u32) -> u64 {
+        u64::from(slot) * TRACK_BYTES as u64
+    }
+}
+
+/// `logging`: a track and the data its write overwrote.
+type Logged = (u64, Box<[u8]>);
+
+#[derive(Debug, Default)]
+struct State {
+    /// Held writes per track, oldest first.
+    by_track: FxHashMap<u64, Vec<Held>>,
+    /// Held writes in issue order, per epoch.
+    order: BTreeMap<u64, Vec<u64>>,
+    /// `logging`: old data per epoch, in write order.
+    undo: BTreeMap<u64, Vec<Logged>>,
+    buffer: Option<BufferArea>,
+}
+
+/// The pseudo-device.
+#[derive(Debug)]
+pub struct PseudoDevice {
+    scheme: OutputCommit,
+    state: Mutex<State>,
+}
+
+impl PseudoDevice {
+    /// A pseudo-device for `scheme`; `buffering` keeps its buffer area in
+    /// `dir`.
+    pub fn new(scheme: OutputCommit, dir: &Path) -> std::io::Result<Self> {
+        let mut state = State::default();
+        if scheme == OutputCommit::Buffering {
+            let path = dir.join("output-commit.buffer");
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&path)?;
+            state.buffer = Some(BufferArea {
+                file,
+                path,
+                free: Vec::new(),
+                slots: 0,
+            });
+        }
+        Ok(Self {
+            scheme,
+            state: Mutex::new(state),
+        })
+    }
+
+    /// The scheme.
+    pub fn scheme(&self) -> OutputCommit {
+        self.scheme
+    }
+
+    /// Whether writes are held until commit (and destages end there).
+    pub fn holds_writes(&self) -> bool {
+        matches!(self.scheme, OutputCommit::Stall | OutputCommit::Buffering)
+    }
+
+    /// Destage write of `track` (record `d`) in epoch `epoch`.
+    pub(crate) fn write(
+        &self,
+        volume: &Volume,
+        track: u64,
+        d: Dirty,
+        data: &[u8],
+        epoch: u64,
+    ) -> std::io::Result<()> {
+        let (dev, offset) = volume.locate(track);
+        match self.scheme {
+            OutputCommit::Off => dev.write_at(data, offset),
+            OutputCommit::Logging => {
+                let mut old = vec![0u8; TRACK_BYTES].into_boxed_slice();
+                let mut st = self.state.lock();
+                dev.read_at(&mut old, offset)?;
+                st.undo.entry(epoch).or_default().push((track, old));
+                dev.write_at(data, offset)
+            }
+            OutputCommit::Stall | OutputCommit::Buffering => {
+                let mut st = self.state.lock();
+                let data = match &mut st.buffer {
+                    Some(b) => {
+                        let slot = b.alloc();
+                        b.file.write_all_at(data, BufferArea::offset(slot))?;
+                        Data::Buffer(slot)
+                    }
+                    None => Data::Memory(Arc::from(data)),
+                };
+                let list = st.by_track.entry(track).or_default();
+                // One destage per track at a time, and it ends only at the
+                // commit: a track never has two held writes.
+                debug_assert!(list.is_empty(), "track {track} has a held write already");
+                list.push(Held {
+                    epoch,
+                    track,
+                    destage: d,
+                    data,
+                });
+                st.order.entry(epoch).or_default().push(track);
+                Ok(())
+            }
+        }
+    }
+
+    /// Read `track` into `out`: its newest held write if any, else the
+    /// device.
+    pub(crate) fn read(&self, volume: &Volume, track: u64, out: &mut [u8]) -> std::io::Result<()> {
+        let (dev, offset) = volume.locate(track);
+        if self.holds_writes() {
+            let st = self.state.lock();
+            if let Some(h) = st.by_track.get(&track).and_then(|v| v.last()) {
+                return Self::load(&st, h, out);
+            }
+        }
+        dev.read_at(out, offset)
+    }
+
+    fn load(st: &State, h: &Held, out: &mut [u8]) -> std::io::Result<()> {
+        match &h.data {
+            Data::Memory(m) => {
+                out.copy_from_slice(m);
+                Ok(())
+            }
+            Data::Buffer(slot) => {
+                let b = st
+                    .buffer
+                    .as_ref()
+                    .expect("buffer slots exist only with a buffer area");
+                b.file.read_exact_at(out, BufferArea::offset(*slot))
+            }
+        }
+    }
+
+    /// Held writes now.
+    pub fn held(&self) -> usize {
+        self.state.lock().by_track.values().map(Vec::len).sum()
+    }
+
+    /// Whether a write to a track in `[first, end)` is held.
+    pub fn holds_in(&self, first: u64, end: u64) -> bool {
+        let st = self.state.lock();
+        st.by_track.keys().any(|t| (first..end).contains(t))
+    }
+
+    /// Commit epochs up to `epoch`: write each held track's newest data
+    /// to its target, then take the held writes off. Returns them (the
+    /// caller ends their destages). `logging`: forget the old copies.
+    pub(crate) fn commit(&self, volume: &Volume, epoch: u64) -> (Vec<Held>, std::io::Result<()>) {
+        let mut st = self.state.lock();
+        let keep = st.undo.split_off(&(epoch + 1));
+        st.undo = keep;
+        let later = st.order.split_off(&(epoch + 1));
+        let order = std::mem::replace(&mut st.order, later);
+        let mut taken = Vec::new();
+        let mut result = Ok(());
+        let mut buf = vec![0u8; TRACK_BYTES];
+        let mut seen = rustc_hash::FxHashSet::default();
+        for track in order.into_values().flatten() {
+            if !seen.insert(track) {
+                continue;
+            }
+            let Some(list) = st.by_track.get(&track) else {
+                continue;
+            };
+            let n = list.iter().take_while(|h| h.epoch <= epoch).count();
+            if n == 0 {
+                continue;
+            }
+            let written = Self::load(&st, &list[n - 1], &mut buf).and_then(|()| {
+                let (dev, offset) = volume.locate(track);
+                dev.write_at(&buf, offset)
+            });
+            if let Err(e) = written {
+                // Left held: the next commit tries again.
+                tracing::error!(track, error = %e, "output commit: writing a held track failed");
+                result = Err(e);
+                continue;
+            }
+            let list = st.by_track.get_mut(&track).expect("looked up above");
+            let done: Vec<Held> = list.drain(..n).collect();
+            if list.is_empty() {
+                st.by_track.remove(&track);
+            }
+            for h in done {
+                if let (Data::Buffer(slot), Some(b)) = (&h.data, st.buffer.as_mut()) {
+                    b.free.push(*slot);
+                }
+                taken.push(h);
+            }
+        }
+        (taken, result)
+    }
+
+    /// Roll back epochs from `epoch` on: drop their held writes (returned:
+    /// their destages end unwritten), or, for `logging`, write the old data
+    /// back, newest first.
+    pub(crate) fn rollback(&self, volume: &Volume, epoch: u64) -> (Vec<Held>, std::io::Result<()>) {
+        let mut st = self.state.lock();
+        let undo = st.undo.split_off(&epoch);
+        let mut result = Ok(());
+        for (track, old) in undo.into_values().flatten().rev() {
+            let (dev, offset) = volume.locate(track);
+            if let Err(e) = dev.write_at(&old, offset) {
+                tracing::error!(track, error = %e, "rollback: restoring a logged track failed");
+                result = Err(e);
+            }
+        }
+        st.order.split_off(&epoch);
+        let mut dropped = Vec::new();
+        let mut freed = Vec::new();
+        st.by_track.retain(|_, list| {
+            let keep = list.iter().take_while(|h| h.epoch < epoch).count();
+            for h in list.drain(keep..) {
+                if let Data::Buffer(slot) = h.data {
+                    freed.push(slot);
+                }
+                dropped.push(h);
+            }
+            !list.is_empty()
+        });
+        if let Some(b) = st.buffer.as_mut() {
+            b.free.extend(freed);
+        }
+        (dropped, result)
+    }
+
+    /// The buffer area's file, if any.
+    pub fn buffer_path(&self) -> Option<PathBuf> {
+        self.state.lock().buffer.as_ref().map(|b| b.path.clone())
+    }
+}
