@@ -80,8 +80,9 @@ pub struct ServeArgs {
     control_blocks: Option<u32>,
     /// Rung 3's output commit: off (no epochs; rollback escalates to rung
     /// 4), or stall (hold device writes in memory until their epoch
-    /// commits), buffering (write to a buffer area, copy after commit) or
-    /// logging (save the old data, write in place) [default: off].
+    /// commits), buffering (write to a buffer area, copy after commit),
+    /// logging (save the old data, write in place) or renaming (write to a
+    /// fresh location, remap at commit) [default: off].
     #[arg(long, value_name = "SCHEME", value_parser = ["off", "stall", "buffering", "logging", "renaming"])]
     output_commit: Option<String>,
     /// Epoch length under output commit: replies and device writes wait

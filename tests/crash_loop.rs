@@ -469,7 +469,7 @@ fn acknowledged_writes_survive_system_recoveries_with_the_connection_up() {
 /// phase of the commit.
 #[test]
 fn acknowledged_writes_survive_sigkill_under_every_output_commit_scheme() {
-    for scheme in ["stall", "buffering", "logging"] {
+    for scheme in ["stall", "buffering", "logging", "renaming"] {
         crash_loop(
             kills(150) / 6,
             BoxDamage::None,
@@ -488,7 +488,7 @@ fn acknowledged_writes_survive_sigkill_under_every_output_commit_scheme() {
 /// acknowledgement was sent for work a rollback took away.
 #[test]
 fn acknowledged_writes_survive_rollbacks_with_the_connection_up() {
-    for scheme in ["stall", "buffering", "logging"] {
+    for scheme in ["stall", "buffering", "logging", "renaming"] {
         let server = Server::start(
             "4M",
             &[

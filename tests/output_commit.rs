@@ -44,12 +44,14 @@ fn reply_ok(c: &mut Raw, cookie: u64, len: usize) -> Vec<u8> {
     data
 }
 
-/// Under stall and buffering, a destage write of the open epoch is held:
-/// the device keeps the committed data until the commit, a rollback drops
-/// the held write, and the write (run again) still lands and is answered.
+/// Under stall, buffering and renaming, a destage write of the open epoch
+/// is held: the device keeps the committed data until the commit, a
+/// rollback drops the held write, and the write (run again) still lands
+/// and is answered. (Renaming never writes the home location: the track is
+/// remapped to the rename area at commit.)
 #[test]
-fn under_stall_and_buffering_a_device_never_holds_data_of_a_rolled_back_epoch() {
-    for scheme in ["stall", "buffering"] {
+fn under_stall_buffering_and_renaming_a_device_never_holds_data_of_a_rolled_back_epoch() {
+    for scheme in ["stall", "buffering", "renaming"] {
         let server = Server::start(
             "16M",
             &["--output-commit", scheme, "--checkpoint-interval", "2s"],
@@ -61,7 +63,12 @@ fn under_stall_and_buffering_a_device_never_holds_data_of_a_rolled_back_epoch() 
         reply_ok(&mut c, 1, 0);
         c.request(raw::CMD_FLUSH, 0, 2, 0, 0);
         reply_ok(&mut c, 2, 0);
-        assert!(device_track(&server, 5).iter().all(|&b| b == 0x11));
+        let home = device_track(&server, 5);
+        if scheme == "renaming" {
+            assert!(home.iter().all(|&b| b == 0), "renaming wrote home");
+        } else {
+            assert!(home.iter().all(|&b| b == 0x11));
+        }
         let epoch = status_field(&server.admin("status").unwrap(), "epoch ", " every");
         // 0x22 in the open epoch: applied, destaged into the pseudo-device,
         // held there.
@@ -78,8 +85,9 @@ fn under_stall_and_buffering_a_device_never_holds_data_of_a_rolled_back_epoch() 
             );
             std::thread::sleep(Duration::from_millis(2));
         }
-        assert!(
-            device_track(&server, 5).iter().all(|&b| b == 0x11),
+        assert_eq!(
+            device_track(&server, 5),
+            home,
             "{scheme}: the device got data of an uncommitted epoch"
         );
         let answer = server.admin("inject rollback").unwrap();
@@ -91,8 +99,9 @@ fn under_stall_and_buffering_a_device_never_holds_data_of_a_rolled_back_epoch() 
             answer.contains("1 held device writes dropped"),
             "{scheme}: {answer}"
         );
-        assert!(
-            device_track(&server, 5).iter().all(|&b| b == 0x11),
+        assert_eq!(
+            device_track(&server, 5),
+            home,
             "{scheme}: the rolled-back write reached the device"
         );
         // The write runs again and is answered once, at a later commit.
@@ -157,4 +166,124 @@ fn rollback_without_output_commit_is_refused_clearly() {
     reply_ok(&mut c, 1, 0);
     let status = server.admin("status").unwrap();
     assert!(status.contains("output commit (rung 3): off"), "{status}");
+}
+
+fn read_track(c: &mut Raw, cookie: u64, track: u64) -> Vec<u8> {
+    c.request(raw::CMD_READ, 0, cookie, track * TRACK, TRACK as u32);
+    reply_ok(c, cookie, TRACK as usize)
+}
+
+/// Renamed tracks live in the rename area under a durable map: they are
+/// found again after a crash (the map is reread) and moved home when the
+/// volume is next served without renaming; TRIM sends a renamed track
+/// home as zeroes.
+#[test]
+fn renamed_tracks_survive_a_crash_and_go_home_when_renaming_is_turned_off() {
+    let mut server = Server::start(
+        "16M",
+        &[
+            "--output-commit",
+            "renaming",
+            "--checkpoint-interval",
+            "2ms",
+        ],
+    );
+    let mut c = Raw::go(&server.addr);
+    for t in 0..8 {
+        write(&mut c, t, t, 0x30 + t as u8);
+        reply_ok(&mut c, t, 0);
+    }
+    c.request(raw::CMD_FLUSH, 0, 100, 0, 0);
+    reply_ok(&mut c, 100, 0);
+    // TRIM track 7: home zeroed, the track unmapped.
+    c.request(raw::CMD_TRIM, 0, 101, 7 * TRACK, TRACK as u32);
+    reply_ok(&mut c, 101, 0);
+    for t in 0..7 {
+        assert!(
+            device_track(&server, t).iter().all(|&b| b == 0),
+            "renaming wrote track {t} home"
+        );
+    }
+    let map = server.dir.path().join("data/output-commit.map");
+    assert!(map.exists());
+    server.kill9();
+    server.restart();
+    let mut c = Raw::go(&server.addr);
+    for t in 0..7 {
+        let data = read_track(&mut c, 200 + t, t);
+        assert!(
+            data.iter().all(|&b| b == 0x30 + t as u8),
+            "track {t} after the crash"
+        );
+    }
+    assert!(
+        read_track(&mut c, 207, 7).iter().all(|&b| b == 0),
+        "TRIM kept"
+    );
+    drop(c);
+    server.stop();
+    server.set_flag("--output-commit", "off");
+    server.restart();
+    assert!(
+        server
+            .log()
+            .contains("moving tracks renamed by output commit back home"),
+        "{}",
+        server.log()
+    );
+    assert!(!map.exists(), "the map is gone once every track is home");
+    let mut c = Raw::go(&server.addr);
+    for t in 0..7 {
+        assert!(
+            device_track(&server, t)
+                .iter()
+                .all(|&b| b == 0x30 + t as u8)
+        );
+        let data = read_track(&mut c, 300 + t, t);
+        assert!(
+            data.iter().all(|&b| b == 0x30 + t as u8),
+            "track {t} at home"
+        );
+    }
+}
+
+/// A damaged rename map is refused at start with the track named, and the
+/// files are left as they were for inspection; a map of another volume
+/// size is refused too.
+#[test]
+fn a_damaged_rename_map_is_refused_at_start_naming_the_track() {
+    let mut server = Server::start(
+        "16M",
+        &[
+            "--output-commit",
+            "renaming",
+            "--checkpoint-interval",
+            "2ms",
+        ],
+    );
+    let mut c = Raw::go(&server.addr);
+    write(&mut c, 1, 3, 0x77);
+    reply_ok(&mut c, 1, 0);
+    c.request(raw::CMD_FLUSH, 0, 2, 0, 0);
+    reply_ok(&mut c, 2, 0);
+    drop(c);
+    server.stop();
+    let map = server.dir.path().join("data/output-commit.map");
+    let mut bytes = std::fs::read(&map).unwrap();
+    let entry = 32 + 3 * 16;
+    assert_ne!(&bytes[entry..entry + 16], &[0u8; 16], "track 3 is renamed");
+    bytes[entry + 4] ^= 0x01;
+    std::fs::write(&map, &bytes).unwrap();
+    let (ok, err) = server.start_refused();
+    assert!(!ok, "started with a damaged map");
+    assert!(
+        err.contains("the entry of track 3 fails its checksum"),
+        "{err}"
+    );
+    bytes[entry + 4] ^= 0x01;
+    bytes.truncate(20);
+    std::fs::write(&map, &bytes).unwrap();
+    let (ok, err) = server.start_refused();
+    assert!(!ok, "started with a truncated map");
+    assert!(err.contains("truncated"), "{err}");
 }

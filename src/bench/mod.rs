@@ -10,6 +10,7 @@ mod availability;
 mod badpath;
 mod controller;
 mod loglock;
+mod outputcommit;
 mod rcs;
 mod recobox;
 pub(crate) mod server;
@@ -36,6 +37,8 @@ enum Which {
     Box(recobox::BoxBenchArgs),
     /// The controller over NBD vs nbdkit (file, memory) and qemu-nbd, fio cache-standard.
     Controller(controller::ControllerArgs),
+    /// Rung 3's output commit: throughput and latency against the checkpoint interval per scheme; rollback time.
+    OutputCommit(outputcommit::OutputCommitArgs),
 }
 
 /// Options every experiment accepts.
@@ -58,5 +61,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         Which::Controller(a) => controller::run(a),
         Which::Box(a) => recobox::run(a),
         Which::Loglock(a) => loglock::run(a),
+        Which::OutputCommit(a) => outputcommit::run(a),
     }
 }

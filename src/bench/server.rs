@@ -55,10 +55,20 @@ impl ServerProc {
 
     /// Start and wait for the banner; the time that took and the banner.
     pub(super) fn start(dir: &Path, port: u16) -> anyhow::Result<(Self, Duration, String)> {
+        Self::start_with(dir, port, &[])
+    }
+
+    /// [`ServerProc::start`] with extra `rebound serve` flags.
+    pub(super) fn start_with(
+        dir: &Path,
+        port: u16,
+        extra: &[String],
+    ) -> anyhow::Result<(Self, Duration, String)> {
         let exe = std::env::current_exe().context("locating this binary")?;
         let started = Instant::now();
         let mut child = Command::new(exe)
             .args(Self::args(dir, port))
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()

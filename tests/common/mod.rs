@@ -169,6 +169,30 @@ impl Server {
         self.launch();
     }
 
+    /// Change a flag's value for the next start (added if absent).
+    #[allow(dead_code)]
+    pub fn set_flag(&mut self, flag: &str, value: &str) {
+        match self.args.iter().position(|a| a == flag) {
+            Some(i) => self.args[i + 1] = value.to_owned(),
+            None => self.args.extend([flag.to_owned(), value.to_owned()]),
+        }
+    }
+
+    /// Run `rebound serve` with this server's flags, expecting it to exit
+    /// (a refused start): whether it succeeded, and its stderr.
+    #[allow(dead_code)]
+    pub fn start_refused(&self) -> (bool, String) {
+        assert!(self.child.is_none(), "stop or kill first");
+        let out = Command::new(env!("CARGO_BIN_EXE_rebound"))
+            .args(&self.args)
+            .output()
+            .expect("running rebound serve");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
     /// Whether the process is still alive.
     pub fn alive(&mut self) -> bool {
         self.child

@@ -22,7 +22,7 @@
 //! max_connections = 64
 //! device_queue_depth = 32                  # per device; a full queue backs off (rung 1)
 //! control_blocks = 4096                    # requests in flight, all connections
-//! output_commit = "off"                    # rung 3: off | stall | buffering | logging
+//! output_commit = "off"                    # rung 3: off | stall | buffering | logging | renaming
 //! checkpoint_interval = "20ms"             # epoch length when output_commit is on
 //! # faults armed at start (as `rebound inject` would; for experiments):
 //! inject = ["panic cache.read rate=0.001 count=unlimited",
@@ -138,6 +138,8 @@ pub enum OutputCommit {
     Buffering,
     /// Save the old data aside, write in place; restore it on rollback.
     Logging,
+    /// Write to a fresh location and remap the track there at commit.
+    Renaming,
 }
 
 impl OutputCommit {
@@ -148,6 +150,7 @@ impl OutputCommit {
             Self::Stall => "stall",
             Self::Buffering => "buffering",
             Self::Logging => "logging",
+            Self::Renaming => "renaming",
         }
     }
 
@@ -158,15 +161,10 @@ impl OutputCommit {
             "stall" => Self::Stall,
             "buffering" => Self::Buffering,
             "logging" => Self::Logging,
-            "renaming" => {
-                return Err(
-                    "output commit \"renaming\" is not implemented yet (use stall, buffering or logging)"
-                        .to_owned(),
-                );
-            }
+            "renaming" => Self::Renaming,
             other => {
                 return Err(format!(
-                    "unknown output commit scheme {other:?} (off, stall, buffering, logging)"
+                    "unknown output commit scheme {other:?} (off, stall, buffering, logging, renaming)"
                 ));
             }
         })
@@ -182,8 +180,8 @@ impl<'de> Deserialize<'de> for OutputCommitSetting {
     }
 }
 
-/// [`OutputCommit`] as written in the TOML file (refuses "renaming" with
-/// a message rather than as an unknown variant).
+/// [`OutputCommit`] as written in the TOML file (an unknown scheme is
+/// refused with the list of known ones).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct OutputCommitSetting(pub OutputCommit);
 

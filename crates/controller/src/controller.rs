@@ -330,6 +330,7 @@ impl Controller {
             config.output_commit.0,
             config.checkpoint_interval,
             &config.data_dir,
+            &volume,
         )?;
         let queues = (0..config.devices)
             .map(|_| DeviceQueue::new(config.device_queue_depth))

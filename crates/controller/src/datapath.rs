@@ -1092,7 +1092,11 @@ fn zero(_ctx: &mut TaskCtx<'_>, req: Box<Request>) -> Result<(), Failure> {
             std::thread::yield_now();
         }
     }
-    let zeroed = ctl.volume.zero_tracks(first, end, keep);
+    // Renamed tracks (output commit's renaming) go home once home is zero.
+    let zeroed = ctl
+        .volume
+        .zero_tracks(first, end, keep)
+        .and_then(|()| ctl.epochs.device.unmap_range(first, end));
     // Even if the devices failed, lift the fence: records stay dirty and
     // the old data is still what reads return.
     let freed = {

@@ -111,12 +111,14 @@ impl std::fmt::Debug for Epochs {
 }
 
 impl Epochs {
-    /// Epochs for `scheme` (off: no epochs) every `interval`; the
-    /// buffering scheme keeps its buffer area in `dir`.
+    /// Epochs for `scheme` (off: no epochs) every `interval` over
+    /// `volume`; the buffering and renaming schemes keep their areas in
+    /// `dir`.
     pub fn new(
         scheme: OutputCommit,
         interval: Duration,
         dir: &std::path::Path,
+        volume: &crate::volume::Volume,
     ) -> std::io::Result<Self> {
         Ok(Self {
             scheme,
@@ -130,7 +132,7 @@ impl Epochs {
             replies: Mutex::new(Vec::new()),
             retired: Mutex::new(Vec::new()),
             sync_needed: AtomicBool::new(false),
-            device: PseudoDevice::new(scheme, dir)?,
+            device: PseudoDevice::new(scheme, dir, volume)?,
             stats: EpochStats::default(),
         })
     }
@@ -266,7 +268,7 @@ impl Epochs {
         let slots: Vec<u32> = retired.into_iter().map(|(_, s)| s).collect();
         ctl.nvs.release(&slots);
         if self.sync_needed.swap(false, Ordering::AcqRel)
-            && let Err(e) = ctl.volume.sync()
+            && let Err(e) = ctl.volume.sync().and_then(|()| self.device.sync())
         {
             tracing::error!(error = %e, "output commit: device sync failed");
         }

@@ -52,6 +52,7 @@ pub mod nbd;
 pub mod nvs;
 pub mod pseudodev;
 pub mod recovery;
+pub mod renamemap;
 pub mod server;
 pub mod system;
 pub mod timer;

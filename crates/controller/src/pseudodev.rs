@@ -8,9 +8,12 @@
 //! | `stall` | hold the data in memory | write it to the target | drop it |
 //! | `buffering` | write it to the buffer area (a file beside the devices) | copy buffer to target | drop the buffer entry |
 //! | `logging` | copy the old data aside, write in place | drop the old copy | write the old data back (newest first) |
+//! | `renaming` | write to a fresh slot of the rename area | remap the track there (durably), free its old slot | free the fresh slot |
 //!
-//! Reads of a track with a held write (stall, buffering) are served from the
-//! held copy, so a read never sees older data than the directory promises.
+//! Reads of a track with a held write (stall, buffering, renaming) are
+//! served from the held copy, so a read never sees older data than the
+//! directory promises; a renamed track is read from its slot
+//! ([`crate::renamemap`]).
 //! A held write is taken off only after its data is on the target.
 //!
 //! The write's destage is not finished while its data is held: the cache
@@ -31,6 +34,7 @@ use rustc_hash::FxHashMap;
 use crate::cache::Dirty;
 use crate::config::OutputCommit;
 use crate::limits::TRACK_BYTES;
+use crate::renamemap::{RenameMap, Renamed};
 use crate::volume::Volume;
 
 /// Where a held write's data is.
@@ -40,6 +44,8 @@ enum Data {
     Memory(Arc<[u8]>),
     /// In a slot of the buffer area (buffering).
     Buffer(u32),
+    /// In a fresh slot of the rename area (renaming).
+    Renamed(Renamed),
 }
 
 /// One write held until its epoch commits.
@@ -88,6 +94,7 @@ struct State {
     /// `logging`: old data per epoch, in write order.
     undo: BTreeMap<u64, Vec<Logged>>,
     buffer: Option<BufferArea>,
+    rename: Option<RenameMap>,
 }
 
 /// The pseudo-device.
@@ -98,10 +105,20 @@ pub struct PseudoDevice {
 }
 
 impl PseudoDevice {
-    /// A pseudo-device for `scheme`; `buffering` keeps its buffer area in
-    /// `dir`.
-    pub fn new(scheme: OutputCommit, dir: &Path) -> std::io::Result<Self> {
+    /// A pseudo-device for `scheme` over `volume`; `buffering` and
+    /// `renaming` keep their areas in `dir`. Tracks a previous run left
+    /// renamed are moved home first when the scheme is not `renaming`.
+    pub fn new(scheme: OutputCommit, dir: &Path, volume: &Volume) -> std::io::Result<Self> {
         let mut state = State::default();
+        let (map_path, area_path) = RenameMap::paths(dir);
+        if scheme == OutputCommit::Renaming {
+            state.rename =
+                Some(RenameMap::open(dir, volume.tracks()).map_err(std::io::Error::other)?);
+        } else if map_path.exists() {
+            Self::move_home(dir, volume)?;
+            std::fs::remove_file(&map_path)?;
+            let _ = std::fs::remove_file(&area_path);
+        }
         if scheme == OutputCommit::Buffering {
             let path = dir.join("output-commit.buffer");
             let file = std::fs::OpenOptions::new()
@@ -130,7 +147,36 @@ impl PseudoDevice {
 
     /// Whether writes are held until commit (and destages end there).
     pub fn holds_writes(&self) -> bool {
-        matches!(self.scheme, OutputCommit::Stall | OutputCommit::Buffering)
+        matches!(
+            self.scheme,
+            OutputCommit::Stall | OutputCommit::Buffering | OutputCommit::Renaming
+        )
+    }
+
+    /// Copy every renamed track home and clear the map (a volume last
+    /// served with `renaming`, now served without).
+    fn move_home(dir: &Path, volume: &Volume) -> std::io::Result<()> {
+        let mut map = RenameMap::open(dir, volume.tracks()).map_err(std::io::Error::other)?;
+        let renamed: Vec<(u64, Renamed)> = map.live.iter().map(|(&t, &r)| (t, r)).collect();
+        if renamed.is_empty() {
+            return Ok(());
+        }
+        tracing::warn!(
+            tracks = renamed.len(),
+            map = %map.path().display(),
+            "moving tracks renamed by output commit back home"
+        );
+        let mut buf = vec![0u8; TRACK_BYTES];
+        for &(track, r) in &renamed {
+            map.read_slot(r, &mut buf)?;
+            let (dev, offset) = volume.locate(track);
+            dev.write_at(&buf, offset)?;
+        }
+        volume.sync()?;
+        for (track, _) in renamed {
+            map.commit(track, None)?;
+        }
+        map.sync()
     }
 
     /// Destage write of `track` (record `d`) in epoch `epoch`.
@@ -152,15 +198,23 @@ impl PseudoDevice {
                 st.undo.entry(epoch).or_default().push((track, old));
                 dev.write_at(data, offset)
             }
-            OutputCommit::Stall | OutputCommit::Buffering => {
+            OutputCommit::Stall | OutputCommit::Buffering | OutputCommit::Renaming => {
                 let mut st = self.state.lock();
-                let data = match &mut st.buffer {
-                    Some(b) => {
-                        let slot = b.alloc();
-                        b.file.write_all_at(data, BufferArea::offset(slot))?;
-                        Data::Buffer(slot)
+                let data = if let Some(b) = &mut st.buffer {
+                    let slot = b.alloc();
+                    b.file.write_all_at(data, BufferArea::offset(slot))?;
+                    Data::Buffer(slot)
+                } else if let Some(m) = &mut st.rename {
+                    let slot = m.alloc();
+                    match m.write_slot(slot, data) {
+                        Ok(data_crc) => Data::Renamed(Renamed { slot, data_crc }),
+                        Err(e) => {
+                            m.release(slot);
+                            return Err(e);
+                        }
                     }
-                    None => Data::Memory(Arc::from(data)),
+                } else {
+                    Data::Memory(Arc::from(data))
                 };
                 let list = st.by_track.entry(track).or_default();
                 // One destage per track at a time, and it ends only at the
@@ -187,6 +241,11 @@ impl PseudoDevice {
             if let Some(h) = st.by_track.get(&track).and_then(|v| v.last()) {
                 return Self::load(&st, h, out);
             }
+            if let Some(m) = &st.rename
+                && let Some(&r) = m.live.get(&track)
+            {
+                return m.read_slot(r, out);
+            }
         }
         dev.read_at(out, offset)
     }
@@ -204,6 +263,42 @@ impl PseudoDevice {
                     .expect("buffer slots exist only with a buffer area");
                 b.file.read_exact_at(out, BufferArea::offset(*slot))
             }
+            Data::Renamed(r) => st
+                .rename
+                .as_ref()
+                .expect("rename slots exist only with a rename area")
+                .read_slot(*r, out),
+        }
+    }
+
+    /// After `[first, end)` was zeroed at home: renamed tracks there go
+    /// home (durably) and their slots are freed. Callers made sure no
+    /// write to the range is held.
+    pub(crate) fn unmap_range(&self, first: u64, end: u64) -> std::io::Result<()> {
+        let mut st = self.state.lock();
+        let Some(m) = &mut st.rename else {
+            return Ok(());
+        };
+        let tracks: Vec<u64> = m
+            .live
+            .keys()
+            .copied()
+            .filter(|t| (first..end).contains(t))
+            .collect();
+        for t in tracks {
+            if let Some(slot) = m.commit(t, None)? {
+                m.release(slot);
+            }
+        }
+        Ok(())
+    }
+
+    /// `fdatasync` the rename area and map, if any (at a commit a FUA or
+    /// FLUSH waits for).
+    pub(crate) fn sync(&self) -> std::io::Result<()> {
+        match &self.state.lock().rename {
+            Some(m) => m.sync(),
+            None => Ok(()),
         }
     }
 
@@ -242,10 +337,21 @@ impl PseudoDevice {
             if n == 0 {
                 continue;
             }
-            let written = Self::load(&st, &list[n - 1], &mut buf).and_then(|()| {
-                let (dev, offset) = volume.locate(track);
-                dev.write_at(&buf, offset)
-            });
+            let newest = list[n - 1].data.clone();
+            let written = match newest {
+                Data::Renamed(r) => {
+                    let m = st.rename.as_mut().expect("renamed data has a rename area");
+                    m.commit(track, Some(r)).map(|old| {
+                        if let Some(old) = old {
+                            m.release(old);
+                        }
+                    })
+                }
+                _ => Self::load(&st, &list[n - 1], &mut buf).and_then(|()| {
+                    let (dev, offset) = volume.locate(track);
+                    dev.write_at(&buf, offset)
+                }),
+            };
             if let Err(e) = written {
                 // Left held: the next commit tries again.
                 tracing::error!(track, error = %e, "output commit: writing a held track failed");
@@ -284,11 +390,14 @@ impl PseudoDevice {
         st.order.split_off(&epoch);
         let mut dropped = Vec::new();
         let mut freed = Vec::new();
+        let mut unrenamed = Vec::new();
         st.by_track.retain(|_, list| {
             let keep = list.iter().take_while(|h| h.epoch < epoch).count();
             for h in list.drain(keep..) {
-                if let Data::Buffer(slot) = h.data {
-                    freed.push(slot);
+                match &h.data {
+                    Data::Buffer(slot) => freed.push(*slot),
+                    Data::Renamed(r) => unrenamed.push(r.slot),
+                    Data::Memory(_) => {}
                 }
                 dropped.push(h);
             }
@@ -296,6 +405,11 @@ impl PseudoDevice {
         });
         if let Some(b) = st.buffer.as_mut() {
             b.free.extend(freed);
+        }
+        if let Some(m) = st.rename.as_mut() {
+            for slot in unrenamed {
+                m.release(slot);
+            }
         }
         (dropped, result)
     }

@@ -1,0 +1,411 @@
+//! `rebound bench output-commit`: what rung 3's output commit costs (paper:
+//! revive-io-output-commit, its Figures on throughput against the
+//! checkpoint interval), and how long a rollback takes.
+//!
+//! For each scheme (off, stall, buffering, logging) and checkpoint interval
+//! T, a fresh `rebound serve` runs two fio jobs over NBD: cache-standard
+//! (random 4 KiB, 3 reads to 1 write) and 100% random writes, at two
+//! loads: one connection with 32 requests in flight (the shared fio job's
+//! depth) and 8 connections with 256 each. The table gives IOPS, mean and p99 completion
+//! latency, the ratio to `off` and the growth of mean write latency
+//! against the T/2 + 1 ms budget. Then, at the default T, rollbacks are
+//! injected under the cache-standard load and their durations reported.
+//!
+//! A closed-loop client with Q requests in flight cannot go faster than
+//! about Q / (T/2 + service time) once every reply waits for its epoch:
+//! at T = 20 ms and Q = 32 that is ~3,200 IOPS. The paper's servers had
+//! enough clients in flight to hide the delay; the 8 x 256 load shows
+//! that.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+
+use super::CommonArgs;
+use super::server::ServerProc;
+use crate::report::{Table, line_chart_png, thousands};
+
+/// Options of `rebound bench output-commit`.
+#[derive(Debug, Args)]
+pub struct OutputCommitArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// Seconds of fio per job and cell [default: 5, or 2 with --quick].
+    #[arg(long)]
+    runtime: Option<u32>,
+    /// fio requests in flight per connection [default: two loads, 1 x 32
+    /// and 8 x 256; --quick: 1 x 32].
+    #[arg(long)]
+    iodepth: Option<u32>,
+    /// fio jobs (NBD connections), each with --iodepth in flight (give
+    /// both or neither).
+    #[arg(long)]
+    jobs: Option<u32>,
+    /// Rollbacks injected per scheme at T = 20 ms [default: 20, or 5 with --quick].
+    #[arg(long)]
+    rollbacks: Option<u32>,
+}
+
+const SCHEMES: [&str; 4] = ["off", "stall", "buffering", "logging"];
+const INTERVALS_MS: [u64; 6] = [5, 10, 20, 40, 80, 160];
+
+/// One fio job's result.
+#[derive(Debug, Clone, Copy, Default)]
+struct Fio {
+    iops: f64,
+    mean_us: f64,
+    p99_us: f64,
+}
+
+fn fio(port: u16, job: &str, runtime: u32, (iodepth, jobs): (u32, u32)) -> anyhow::Result<Fio> {
+    let rw: &[&str] = match job {
+        "cache-standard" => &["--rw=randrw", "--rwmixread=75"],
+        _ => &["--rw=randwrite"],
+    };
+    let out = Command::new("fio")
+        .args([
+            &format!("--name={job}"),
+            "--ioengine=nbd",
+            &format!("--uri=nbd://127.0.0.1:{port}/"),
+            "--bs=4k",
+            &format!("--iodepth={iodepth}"),
+            &format!("--numjobs={jobs}"),
+            "--group_reporting=1",
+            "--size=1g",
+            "--time_based=1",
+            &format!("--runtime={runtime}"),
+            "--output-format=json",
+        ])
+        .args(rw)
+        .stderr(Stdio::null())
+        .output()
+        .context("running fio (apt-get install fio)")?;
+    anyhow::ensure!(out.status.success(), "fio failed ({})", out.status);
+    let start = out
+        .stdout
+        .iter()
+        .position(|&b| b == b'{')
+        .context("no JSON from fio")?;
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout[start..]).context("parsing fio's JSON output")?;
+    let j = &v["jobs"][0];
+    let mut r = Fio::default();
+    let mut weighted = 0.0;
+    for dir in ["read", "write"] {
+        let d = &j[dir];
+        let iops = d["iops"].as_f64().unwrap_or(0.0);
+        r.iops += iops;
+        weighted += iops * d["clat_ns"]["mean"].as_f64().unwrap_or(0.0);
+        let p99 = d["clat_ns"]["percentile"]["99.000000"]
+            .as_f64()
+            .unwrap_or(0.0);
+        r.p99_us = r.p99_us.max(p99 / 1000.0);
+    }
+    anyhow::ensure!(r.iops > 0.0, "fio completed no I/O");
+    r.mean_us = weighted / r.iops / 1000.0;
+    Ok(r)
+}
+
+fn serve_flags(scheme: &str, t_ms: u64) -> Vec<String> {
+    vec![
+        "--output-commit".into(),
+        scheme.into(),
+        "--checkpoint-interval".into(),
+        format!("{t_ms}ms"),
+    ]
+}
+
+/// Parse a `Duration` as `{:.3?}` prints it.
+fn parse_debug_duration(s: &str) -> Option<Duration> {
+    let (num, unit) = s.split_at(s.find(|c: char| c.is_alphabetic() || c == 'µ')?);
+    let v: f64 = num.parse().ok()?;
+    let secs = match unit {
+        "ns" => v * 1e-9,
+        "µs" => v * 1e-6,
+        "ms" => v * 1e-3,
+        "s" => v,
+        _ => return None,
+    };
+    Some(Duration::from_secs_f64(secs))
+}
+
+/// Rollbacks under fio cache-standard: their total durations.
+fn rollbacks(
+    scheme: &str,
+    count: u32,
+    depth: (u32, u32),
+    work: &std::path::Path,
+    port: u16,
+) -> anyhow::Result<Vec<Duration>> {
+    let dir = tempfile::tempdir_in(work)?;
+    let (server, _, _) = ServerProc::start_with(dir.path(), port, &serve_flags(scheme, 20))?;
+    let runtime = (count / 2 + 2).max(2);
+    let load = std::thread::spawn(move || fio(port, "cache-standard", runtime, depth));
+    std::thread::sleep(Duration::from_millis(700));
+    let mut out = Vec::new();
+    for _ in 0..count {
+        let answer = server.admin("inject rollback")?;
+        let total = answer
+            .rsplit("total ")
+            .next()
+            .and_then(|t| parse_debug_duration(t.trim()))
+            .with_context(|| format!("no total in {answer:?}"))?;
+        out.push(total);
+        std::thread::sleep(Duration::from_millis(400));
+    }
+    let fio = load.join().expect("fio thread")?;
+    anyhow::ensure!(fio.iops > 0.0, "no I/O during the rollbacks");
+    server.stop();
+    Ok(out)
+}
+
+/// One load: connections x requests in flight per connection.
+#[derive(Debug, Clone, Copy)]
+struct Load {
+    jobs: u32,
+    iodepth: u32,
+}
+
+impl Load {
+    fn name(self) -> String {
+        format!("{}x{}", self.jobs, self.iodepth)
+    }
+}
+
+type Cell<'a> = (&'a str, u64, [Fio; 2]);
+
+fn measure<'a>(
+    load: Load,
+    intervals: &[u64],
+    runtime: u32,
+    work: &std::path::Path,
+    port: u16,
+) -> anyhow::Result<Vec<Cell<'a>>> {
+    let depth = (load.iodepth, load.jobs);
+    let mut cells: Vec<Cell<'a>> = Vec::new();
+    let runs = 1 + (SCHEMES.len() as u64 - 1) * intervals.len() as u64;
+    let bar = crate::report::progress(runs, "cells");
+    for scheme in SCHEMES {
+        let ts: &[u64] = if scheme == "off" { &[0] } else { intervals };
+        for &t in ts {
+            bar.set_message(format!("load {}, {scheme}, T = {t} ms", load.name()));
+            let dir = tempfile::tempdir_in(work)?;
+            let flags = if scheme == "off" {
+                Vec::new()
+            } else {
+                serve_flags(scheme, t)
+            };
+            let (server, _, _) = ServerProc::start_with(dir.path(), port, &flags)?;
+            let mixed = fio(port, "cache-standard", runtime, depth)?;
+            let write = fio(port, "write", runtime, depth)?;
+            server.stop();
+            cells.push((scheme, t, [mixed, write]));
+            bar.inc(1);
+        }
+    }
+    bar.finish_and_clear();
+    Ok(cells)
+}
+
+fn report(load: Load, cells: &[Cell<'_>], runtime: u32) {
+    let off = cells[0].2;
+    let mut table = Table::new(&[
+        "scheme",
+        "T ms",
+        "mixed IOPS",
+        "vs off",
+        "mixed mean µs",
+        "mixed p99 µs",
+        "write IOPS",
+        "vs off",
+        "write mean µs",
+        "write p99 µs",
+        "write mean growth",
+        "budget T/2+1ms",
+    ]);
+    for (scheme, t, [m, w]) in cells {
+        let growth_ms = (w.mean_us - off[1].mean_us) / 1000.0;
+        let budget_ms = *t as f64 / 2.0 + 1.0;
+        let on = *scheme != "off";
+        table.row(vec![
+            (*scheme).to_owned(),
+            if on { t.to_string() } else { "-".into() },
+            thousands(m.iops),
+            format!("{:.3}x", m.iops / off[0].iops),
+            format!("{:.0}", m.mean_us),
+            format!("{:.0}", m.p99_us),
+            thousands(w.iops),
+            format!("{:.3}x", w.iops / off[1].iops),
+            format!("{:.0}", w.mean_us),
+            format!("{:.0}", w.p99_us),
+            if on {
+                format!("{growth_ms:+.2} ms")
+            } else {
+                "-".into()
+            },
+            if on {
+                let verdict = if growth_ms <= budget_ms {
+                    "met"
+                } else {
+                    "missed"
+                };
+                format!("{budget_ms:.1} ms {verdict}")
+            } else {
+                "-".into()
+            },
+        ]);
+    }
+    println!(
+        "load {}: fio over NBD, {} connection(s) x {} requests in flight, {runtime} s per job",
+        load.name(),
+        load.jobs,
+        load.iodepth
+    );
+    println!("{}", table.render());
+    for scheme in ["buffering", "stall", "logging"] {
+        if let Some((_, _, [m, w])) = cells.iter().find(|(s, t, _)| *s == scheme && *t == 20) {
+            let worst = (m.iops / off[0].iops).min(w.iops / off[1].iops);
+            println!(
+                "  {scheme} at T = 20 ms: {worst:.3}x of off, worse job (target for buffering: >= 0.95x: {})",
+                if worst >= 0.95 { "met" } else { "missed" }
+            );
+        }
+    }
+    println!(
+        "  (a closed-loop client is bounded by requests in flight / (T/2 .. T + service time) once replies wait for commits: {} IOPS at T = 20 ms)\n",
+        thousands(f64::from(load.jobs * load.iodepth) / 0.020)
+    );
+}
+
+fn plots(
+    out: &std::path::Path,
+    load: Load,
+    cells: &[Cell<'_>],
+    intervals: &[u64],
+) -> anyhow::Result<()> {
+    let off = cells[0].2;
+    let series = |job: usize, f: fn(&Fio) -> f64| -> Vec<(String, Vec<(f64, f64)>)> {
+        SCHEMES
+            .iter()
+            .map(|s| {
+                let pts = if *s == "off" {
+                    intervals
+                        .iter()
+                        .map(|&t| (t as f64, f(&off[job])))
+                        .collect()
+                } else {
+                    cells
+                        .iter()
+                        .filter(|(n, _, _)| n == s)
+                        .map(|(_, t, r)| (*t as f64, f(&r[job])))
+                        .collect()
+                };
+                ((*s).to_owned(), pts)
+            })
+            .collect()
+    };
+    let png = out.join(format!("output-commit-{}.png", load.name()));
+    line_chart_png(
+        &png,
+        &format!(
+            "output commit: fio cache-standard IOPS against T ({} connections x {} in flight)",
+            load.jobs, load.iodepth
+        ),
+        "checkpoint interval T (ms)",
+        "IOPS",
+        &series(0, |r| r.iops),
+    )?;
+    let png2 = out.join(format!("output-commit-latency-{}.png", load.name()));
+    line_chart_png(
+        &png2,
+        &format!(
+            "output commit: mean 4 KiB random-write latency against T ({} x {})",
+            load.jobs, load.iodepth
+        ),
+        "checkpoint interval T (ms)",
+        "mean write latency (µs)",
+        &series(1, |r| r.mean_us),
+    )?;
+    println!("plots: {} and {}", png.display(), png2.display());
+    Ok(())
+}
+
+/// Run the experiment.
+pub fn run(args: OutputCommitArgs) -> anyhow::Result<std::process::ExitCode> {
+    let quick = args.common.quick;
+    let runtime = args.runtime.unwrap_or(if quick { 2 } else { 5 });
+    let rollback_count = args.rollbacks.unwrap_or(if quick { 5 } else { 20 });
+    anyhow::ensure!(
+        (1..=3600).contains(&runtime),
+        "--runtime must be within 1..=3600"
+    );
+    anyhow::ensure!(
+        (1..=1000).contains(&rollback_count),
+        "--rollbacks must be within 1..=1000"
+    );
+    let loads: Vec<Load> = match (args.jobs, args.iodepth) {
+        (Some(jobs), Some(iodepth)) => vec![Load { jobs, iodepth }],
+        (None, None) if quick => vec![Load {
+            jobs: 1,
+            iodepth: 32,
+        }],
+        (None, None) => vec![
+            Load {
+                jobs: 1,
+                iodepth: 32,
+            },
+            Load {
+                jobs: 8,
+                iodepth: 256,
+            },
+        ],
+        _ => anyhow::bail!("give both --jobs and --iodepth, or neither"),
+    };
+    for l in &loads {
+        anyhow::ensure!((1..=64).contains(&l.jobs), "--jobs must be within 1..=64");
+        anyhow::ensure!(
+            (1..=256).contains(&l.iodepth),
+            "--iodepth must be within 1..=256 (the server's requests in flight per connection)"
+        );
+    }
+    let intervals: &[u64] = if quick { &[20] } else { &INTERVALS_MS };
+    let work = super::server::scratch_dir()?;
+    let port = super::server::free_port()?;
+    for &load in &loads {
+        let cells = measure(load, intervals, runtime, work.path(), port)?;
+        report(load, &cells, runtime);
+        if !quick {
+            plots(&args.common.out, load, &cells, intervals)?;
+        }
+    }
+
+    let load = *loads.last().expect("at least one load");
+    let mut rb = Table::new(&["scheme", "rollbacks", "mean ms", "max ms", "target < 50 ms"]);
+    for scheme in &SCHEMES[1..] {
+        let d = rollbacks(
+            scheme,
+            rollback_count,
+            (load.iodepth, load.jobs),
+            work.path(),
+            port,
+        )?;
+        let ms: Vec<f64> = d.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
+        let mean = ms.iter().sum::<f64>() / ms.len() as f64;
+        let max = ms.iter().copied().fold(0.0, f64::max);
+        rb.row(vec![
+            (*scheme).to_owned(),
+            ms.len().to_string(),
+            format!("{mean:.2}"),
+            format!("{max:.2}"),
+            if max < 50.0 { "met" } else { "missed" }.to_owned(),
+        ]);
+    }
+    println!(
+        "rollback (rung 3) under fio cache-standard, load {}, T = 20 ms (quiesce + restore + re-run submitted):\n{}",
+        load.name(),
+        rb.render()
+    );
+    Ok(std::process::ExitCode::SUCCESS)
+}
