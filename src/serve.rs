@@ -89,6 +89,12 @@ pub struct ServeArgs {
     /// at most this long for their checkpoint, e.g. 20ms [default: 20ms].
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     checkpoint_interval: Option<std::time::Duration>,
+    /// Under output commit, also end an epoch as soon as output waits and
+    /// no request is in flight (at most every 100 µs), so a lightly loaded
+    /// client does not wait a whole interval; false: commit only every
+    /// interval (the paper's fixed epochs) [default: true].
+    #[arg(long, value_name = "BOOL")]
+    commit_when_idle: Option<bool>,
     /// Modelled device latency per I/O, microseconds (experiments) [default: 0].
     #[arg(long, value_name = "US")]
     device_latency_us: Option<u64>,
@@ -145,6 +151,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.checkpoint_interval {
             c.checkpoint_interval = v;
+        }
+        if let Some(v) = self.commit_when_idle {
+            c.commit_when_idle = v;
         }
         if let Some(v) = &self.box_path {
             c.box_path = Some(v.clone());

@@ -54,7 +54,14 @@ fn under_stall_buffering_and_renaming_a_device_never_holds_data_of_a_rolled_back
     for scheme in ["stall", "buffering", "renaming"] {
         let server = Server::start(
             "16M",
-            &["--output-commit", scheme, "--checkpoint-interval", "2s"],
+            &[
+                "--output-commit",
+                scheme,
+                "--checkpoint-interval",
+                "2s",
+                "--commit-when-idle",
+                "false",
+            ],
         );
         let mut c = Raw::go(&server.addr);
         // 0x11 committed and on the device (FLUSH is answered after the
@@ -117,8 +124,9 @@ fn under_stall_buffering_and_renaming_a_device_never_holds_data_of_a_rolled_back
     }
 }
 
-/// A reply waits for its epoch to commit: with a long epoch a write is not
-/// answered before the commit, and is answered after it.
+/// A reply waits for its epoch to commit: with fixed epochs
+/// (`--commit-when-idle false`) a write is not answered before the
+/// commit, and is answered after it.
 #[test]
 fn a_reply_waits_in_the_output_gate_until_its_epoch_commits() {
     let server = Server::start(
@@ -128,6 +136,8 @@ fn a_reply_waits_in_the_output_gate_until_its_epoch_commits() {
             "buffering",
             "--checkpoint-interval",
             "1s",
+            "--commit-when-idle",
+            "false",
         ],
     );
     let mut c = Raw::go(&server.addr);
@@ -152,6 +162,35 @@ fn a_reply_waits_in_the_output_gate_until_its_epoch_commits() {
         waited >= Duration::from_millis(500),
         "answered after {waited:?}, before its epoch could commit"
     );
+}
+
+/// With commits when idle (the default), a lone request's epoch ends as
+/// soon as the pipeline is idle: it is not held for the whole interval.
+#[test]
+fn with_commits_when_idle_a_lone_request_does_not_wait_the_interval() {
+    let server = Server::start(
+        "16M",
+        &[
+            "--output-commit",
+            "buffering",
+            "--checkpoint-interval",
+            "5s",
+        ],
+    );
+    let mut c = Raw::go(&server.addr);
+    let started = Instant::now();
+    for i in 0..10 {
+        write(&mut c, i, i, 0x40);
+        reply_ok(&mut c, i, 0);
+    }
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(4),
+        "10 writes took {took:?}: each waited for the 5 s interval"
+    );
+    let status = server.admin("status").unwrap();
+    let commits = status_field(&status, "; ", " replies");
+    assert_eq!(commits, 0, "nothing left held: {status}");
 }
 
 /// Rollback needs epochs: without output commit the admin socket says so

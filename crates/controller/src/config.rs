@@ -23,7 +23,8 @@
 //! device_queue_depth = 32                  # per device; a full queue backs off (rung 1)
 //! control_blocks = 4096                    # requests in flight, all connections
 //! output_commit = "off"                    # rung 3: off | stall | buffering | logging | renaming
-//! checkpoint_interval = "20ms"             # epoch length when output_commit is on
+//! checkpoint_interval = "20ms"             # longest epoch when output_commit is on
+//! commit_when_idle = true                  # also end an epoch once output waits and no request is in flight
 //! # faults armed at start (as `rebound inject` would; for experiments):
 //! inject = ["panic cache.read rate=0.001 count=unlimited",
 //!           "group-fault cache rate=1e-4 duration=20ms"]
@@ -261,6 +262,9 @@ pub struct Config {
     /// held output released (when `output_commit` is on).
     #[serde(deserialize_with = "de_duration")]
     pub checkpoint_interval: Duration,
+    /// Also commit as soon as output waits and no request is in the
+    /// pipeline (at most every 100 µs), instead of only every interval.
+    pub commit_when_idle: bool,
     /// Modelled device latency.
     pub device_latency: LatencyConfig,
     /// Faults armed at start, each as the words after `rebound inject`
@@ -294,6 +298,7 @@ impl Default for Config {
             control_blocks: 4096,
             output_commit: OutputCommitSetting::default(),
             checkpoint_interval: Duration::from_millis(20),
+            commit_when_idle: true,
             device_latency: LatencyConfig::default(),
             inject: Vec::new(),
         }

@@ -121,6 +121,30 @@ impl Connection {
             return;
         }
         outbox.sending = true;
+        self.send_pending(outbox);
+    }
+
+    /// Take the sender's role if no one has it: replies pushed until
+    /// [`Connection::uncork`] queue up and leave in one `writev` (a commit
+    /// releasing an epoch's replies). Returns whether the role was taken.
+    pub(crate) fn cork(&self) -> bool {
+        let mut outbox = self.outbox.lock();
+        if outbox.sending || outbox.broken {
+            return false;
+        }
+        outbox.sending = true;
+        true
+    }
+
+    /// Send what queued since [`Connection::cork`] returned true.
+    pub(crate) fn uncork(&self) {
+        let outbox = self.outbox.lock();
+        debug_assert!(outbox.sending);
+        self.send_pending(outbox);
+    }
+
+    /// As the sender: write pending frames until none are left.
+    fn send_pending<'a>(&'a self, mut outbox: parking_lot::MutexGuard<'a, Outbox>) {
         loop {
             let batch = std::mem::take(&mut outbox.pending);
             drop(outbox);

@@ -329,6 +329,7 @@ impl Controller {
         let epochs = crate::epoch::Epochs::new(
             config.output_commit.0,
             config.checkpoint_interval,
+            config.commit_when_idle,
             &config.data_dir,
             &volume,
         )?;

@@ -453,8 +453,12 @@ impl Request {
             if self.header.kind == cmd::FLUSH || self.header.flags & cflags::FUA != 0 {
                 ctl.epochs.need_sync();
             }
-            ctl.epochs
-                .hold_reply(Box::new(self), result.map_err(|(e, m)| (e, m.to_owned())));
+            let idle = ctl.system.in_pipeline() == 0;
+            ctl.epochs.hold_reply(
+                Box::new(self),
+                result.map_err(|(e, m)| (e, m.to_owned())),
+                idle,
+            );
             return;
         }
         self.reply_now(result);

@@ -83,10 +83,19 @@ pub struct EpochStats {
 pub struct Epochs {
     scheme: OutputCommit,
     interval: Duration,
+    /// Commit as soon as output waits and the pipeline is idle.
+    when_idle: bool,
+    /// Set when output waits and the pipeline went idle; wakes the
+    /// checkpoint thread.
+    idle_kick: Mutex<bool>,
+    kicked: Condvar,
     /// Shared by stages changing the directory; exclusive for a cut.
     lock: RwLock<()>,
     /// One commit or rollback at a time.
     pub(crate) serial: Mutex<()>,
+    /// A rollback waits for `serial`: a commit writing held outputs stops
+    /// early (see [`Epochs::commit_serial`]).
+    pub(crate) preempt: AtomicBool,
     open: AtomicU64,
     committed: Mutex<u64>,
     advanced: Condvar,
@@ -117,14 +126,19 @@ impl Epochs {
     pub fn new(
         scheme: OutputCommit,
         interval: Duration,
+        when_idle: bool,
         dir: &std::path::Path,
         volume: &crate::volume::Volume,
     ) -> std::io::Result<Self> {
         Ok(Self {
             scheme,
             interval,
+            when_idle,
+            idle_kick: Mutex::new(false),
+            kicked: Condvar::new(),
             lock: RwLock::new(()),
             serial: Mutex::new(()),
+            preempt: AtomicBool::new(false),
             open: AtomicU64::new(1),
             committed: Mutex::new(0),
             advanced: Condvar::new(),
@@ -175,11 +189,30 @@ impl Epochs {
         self.enabled().then(|| self.lock.read())
     }
 
-    /// Put a finished request's reply in the output gate.
-    pub(crate) fn hold_reply(&self, req: Box<Request>, result: Result<(), (NbdError, String)>) {
-        let _shared = self.lock.read();
-        let epoch = self.open();
-        self.replies.lock().push(HeldReply { epoch, req, result });
+    /// Put a finished request's reply in the output gate; `idle`: no
+    /// request is left in the pipeline (with commits when idle on, the
+    /// epoch commits now rather than at its interval).
+    pub(crate) fn hold_reply(
+        &self,
+        req: Box<Request>,
+        result: Result<(), (NbdError, String)>,
+        idle: bool,
+    ) {
+        {
+            let _shared = self.lock.read();
+            let epoch = self.open();
+            self.replies.lock().push(HeldReply { epoch, req, result });
+        }
+        if idle && self.when_idle {
+            *self.idle_kick.lock() = true;
+            self.kicked.notify_one();
+        }
+    }
+
+    /// Whether epochs also end early, when output waits and the pipeline
+    /// is idle.
+    pub fn commits_when_idle(&self) -> bool {
+        self.when_idle
     }
 
     /// Give NVS slots back at the commit of the open epoch (their records
@@ -254,8 +287,14 @@ impl Epochs {
         self.stats.cut_ns.fetch_add(cut, Ordering::Relaxed);
         self.stats.cut_ns_max.fetch_max(cut, Ordering::Relaxed);
         // Outputs of `epoch`, in order: device writes, their destages,
-        // slots, durability, replies.
-        let (writes, written) = self.device.commit(&ctl.volume, epoch);
+        // slots, durability, replies. A rollback waiting for us stops the
+        // device writes early: the rest stay held and it drops them (their
+        // records are still dirty), and the replies go back to the gate:
+        // their requests run again after the rollback (each is answered
+        // once, then).
+        let (writes, written, stopped) = self
+            .device
+            .commit(&ctl.volume, epoch, &|| self.preempt.load(Ordering::Acquire));
         if let Err(e) = &written {
             tracing::error!(error = %e, epoch, "output commit: some held writes stay held");
         }
@@ -267,6 +306,13 @@ impl Epochs {
         }
         let slots: Vec<u32> = retired.into_iter().map(|(_, s)| s).collect();
         ctl.nvs.release(&slots);
+        if stopped {
+            let mut held = self.replies.lock();
+            let later = std::mem::take(&mut *held);
+            held.extend(replies);
+            held.extend(later);
+            return epoch;
+        }
         if self.sync_needed.swap(false, Ordering::AcqRel)
             && let Err(e) = ctl.volume.sync().and_then(|()| self.device.sync())
         {
@@ -275,9 +321,20 @@ impl Epochs {
         self.stats
             .replies_released
             .fetch_add(replies.len() as u64, Ordering::Relaxed);
+        // One writev per connection for the whole epoch's replies.
+        let mut corked: Vec<Arc<crate::connection::Connection>> = Vec::new();
+        for r in &replies {
+            let conn = &r.req.conn;
+            if !corked.iter().any(|c| Arc::ptr_eq(c, conn)) && conn.cork() {
+                corked.push(Arc::clone(conn));
+            }
+        }
         for r in replies {
             debug_assert!(r.epoch <= epoch);
             r.req.reply_committed(r.result);
+        }
+        for c in corked {
+            c.uncork();
         }
         *self.committed.lock() = epoch;
         self.advanced.notify_all();
@@ -314,8 +371,12 @@ pub(crate) struct RollbackCut<'a> {
     _cut: parking_lot::RwLockWriteGuard<'a, ()>,
 }
 
-/// Start the checkpoint thread: commits every interval until the
-/// controller is gone.
+/// Shortest epoch when commits when idle are on: bounds the commit rate.
+const EPOCH_MIN: Duration = Duration::from_micros(100);
+
+/// Start the checkpoint thread: commits every interval (and, with commits
+/// when idle, as soon as output waits and the pipeline is idle, at most
+/// every [`EPOCH_MIN`]) until the controller is gone.
 pub(crate) fn start(ctl: &Arc<Controller>) -> std::io::Result<()> {
     if !ctl.epochs.enabled() {
         return Ok(());
@@ -325,22 +386,33 @@ pub(crate) fn start(ctl: &Arc<Controller>) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("rebound-epoch".into())
         .spawn(move || {
-            let mut next = Instant::now() + interval;
+            let mut last = Instant::now();
             loop {
-                let now = Instant::now();
-                if next > now {
-                    std::thread::sleep(next - now);
-                }
-                next += interval;
-                if Instant::now() > next {
-                    // Fell behind (a long rollback, a stopped process):
-                    // do not try to catch up.
-                    next = Instant::now() + interval;
+                let deadline = last + interval;
+                {
+                    let Some(ctl) = weak.upgrade() else { return };
+                    let e = &ctl.epochs;
+                    let mut kick = e.idle_kick.lock();
+                    loop {
+                        let now = Instant::now();
+                        if now >= deadline || (*kick && now >= last + EPOCH_MIN) {
+                            break;
+                        }
+                        let until = if *kick { last + EPOCH_MIN } else { deadline };
+                        // Wake at least every 50 ms to notice a shutdown.
+                        let wait = (until - now).min(Duration::from_millis(50));
+                        e.kicked.wait_for(&mut kick, wait);
+                        if ctl.is_closed() {
+                            return;
+                        }
+                    }
+                    *kick = false;
                 }
                 let Some(ctl) = weak.upgrade() else { return };
                 if ctl.is_closed() {
                     return;
                 }
+                last = Instant::now();
                 ctl.epochs.commit(&ctl);
             }
         })?;

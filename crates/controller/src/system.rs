@@ -129,8 +129,14 @@ pub struct RollbackReport {
     pub dropped_writes: u64,
     /// Requests run again: held replies plus requests in the pipeline.
     pub rerun: u64,
-    /// Time to quiesce.
+    /// Time to quiesce (the three parts below).
     pub quiesce: Duration,
+    /// Waiting for a commit in progress to finish its outputs.
+    pub commit_wait: Duration,
+    /// Closing the admission gate (readers inside it leave).
+    pub gate_wait: Duration,
+    /// Draining the pipeline (requests park, destage stops).
+    pub drain: Duration,
     /// Time to restore the checkpoint.
     pub restore: Duration,
     /// Gate closed to gate open.
@@ -141,13 +147,16 @@ impl std::fmt::Display for RollbackReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "rung 3 rollback ({}): epoch {} rolled back, {} directory entries restored, {} held device writes dropped, {} requests run again; quiesce {:.3?}, restore {:.3?}, total {:.3?}",
+            "rung 3 rollback ({}): epoch {} rolled back, {} directory entries restored, {} held device writes dropped, {} requests run again; quiesce {:.3?} (commit {:.3?}, gate {:.3?}, drain {:.3?}), restore {:.3?}, total {:.3?}",
             self.cause,
             self.epoch,
             self.restored_tracks,
             self.dropped_writes,
             self.rerun,
             self.quiesce,
+            self.commit_wait,
+            self.gate_wait,
+            self.drain,
             self.restore,
             self.total
         )
@@ -407,8 +416,13 @@ fn run_rollback(ctl: &Arc<Controller>, cause: &str) -> Result<RollbackReport, Sy
     let started = Instant::now();
     tracing::warn!(cause, "rung 3: rollback starts; quiescing");
     // No commit may run from here: the checkpoint is what we go back to.
+    // One writing its outputs now stops early for us.
+    ctl.epochs.preempt.store(true, Ordering::Release);
     let serial = ctl.epochs.serial.lock();
+    ctl.epochs.preempt.store(false, Ordering::Release);
+    let committed = Instant::now();
     let gate = sys.gate.write();
+    let gated = Instant::now();
     sys.quiescing.store(true, Ordering::SeqCst);
     quiesce(ctl, started, "rung 3");
     let quiesced = Instant::now();
@@ -482,6 +496,9 @@ fn run_rollback(ctl: &Arc<Controller>, cause: &str) -> Result<RollbackReport, Sy
             dropped_writes,
             rerun: r.redriven,
             quiesce: quiesced - started,
+            commit_wait: committed - started,
+            gate_wait: gated - committed,
+            drain: quiesced - gated,
             restore: r.rebuild,
             total: started.elapsed(),
         });
@@ -499,6 +516,9 @@ fn run_rollback(ctl: &Arc<Controller>, cause: &str) -> Result<RollbackReport, Sy
         dropped_writes,
         rerun: count,
         quiesce: quiesced - started,
+        commit_wait: committed - started,
+        gate_wait: gated - committed,
+        drain: quiesced - gated,
         restore: restored - quiesced,
         total: started.elapsed(),
     };
