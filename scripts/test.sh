@@ -61,6 +61,7 @@ cargo run --release --quiet -- bench box --quick
 cargo run --release --quiet -- bench loglock --quick
 cargo run --release --quiet -- bench availability --quick
 cargo run --release --quiet -- bench badpath --quick
+cargo run --release --quiet -- bench output-commit --quick
 # The ladder end to end: exits non-zero if an acknowledged write was lost.
 cargo run --release --quiet -- demo
 

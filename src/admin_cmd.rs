@@ -48,6 +48,10 @@ pub enum Fault {
     /// Damage the check word of the cache frame holding --track (rung 1:
     /// the next read rebuilds it from NVS or the device).
     CorruptFrame,
+    /// Damage the in-memory directory entry of dirty --track (state
+    /// corruption: rung 3 restores it from the checkpoint when the server
+    /// runs with --output-commit)
+    CorruptDirectory,
     /// The device (--device, default 0) reports a completion no submission
     /// waits for (rung 1: ignored and counted).
     UnsolicitedCompletion,
@@ -127,6 +131,10 @@ impl InjectArgs {
             Fault::CorruptFrame => {
                 let t = self.track.map(|t| t.to_string());
                 line += &format!("corrupt-frame {}", needs(&t, "--track N")?);
+            }
+            Fault::CorruptDirectory => {
+                let t = self.track.map(|t| t.to_string());
+                line += &format!("corrupt-directory {}", needs(&t, "--track N")?);
             }
             Fault::UnsolicitedCompletion => {
                 line += "unsolicited-completion";

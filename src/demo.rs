@@ -7,9 +7,10 @@
 //!
 //! | at | fault | rung |
 //! |---|---|---|
-//! | 3 s | panics in `cache.read` and inside `cache.apply`, failures in `nvs.write` | 1: the failed stage's request is redriven (inside `cache.apply` after a Log(Lock) rollback; rung 4 if another request touched the write's shards) |
+//! | 3 s | panics in `cache.read` and inside `cache.apply`, failures in `nvs.write` | 1: the failed stage's request is redriven (inside `cache.apply` after a Log(Lock) rollback; rung 3 if another request touched the write's shards) |
 //! | 6 s | the scheduling paper's fault emulation in the cache group, for 2 s | 2: group recovery |
-//! | 8 s | a system recovery on request | 4: in-process system recovery, connections up |
+//! | 8 s | a rollback on request | 3: back to the last epoch checkpoint, the open epoch's requests run again (the server runs with `--output-commit buffering`) |
+//! | 9 s | a system recovery on request | 4: in-process system recovery, connections up |
 //! | 10 s | the process aborts | 5: fast restart from the recovery box (by the supervisor) |
 //! | 14 s | the recovery box is invalidated, then the process aborts | 6: hard restart from an NVS scan |
 //!
@@ -181,6 +182,8 @@ pub fn run(args: DemoArgs) -> anyhow::Result<std::process::ExitCode> {
             "96M",
             "--cache-size",
             "8M",
+            "--output-commit",
+            "buffering",
         ])
         .stdout(Stdio::null())
         .stderr(log)
@@ -230,9 +233,15 @@ pub fn run(args: DemoArgs) -> anyhow::Result<std::process::ExitCode> {
         },
         Phase {
             at: 8,
+            rung: "3 rollback",
+            fault: "rollback to the last checkpoint on request",
+            requests: &["inject clear", "inject rollback"],
+        },
+        Phase {
+            at: 9,
             rung: "4 system",
             fault: "in-process system recovery on request",
-            requests: &["inject clear", "inject system"],
+            requests: &["inject system"],
         },
         Phase {
             at: 10,
@@ -314,6 +323,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<std::process::ExitCode> {
         let count = match rung.split_whitespace().next() {
             Some("1") => rung_count(&counted_before_crash, "task"),
             Some("2") => rung_count(&counted_before_crash, "group"),
+            Some("3") => rung_count(&counted_before_crash, "rollback"),
             Some("4") => rung_count(&counted_before_crash, "system"),
             Some("5") => 1,
             Some("6") => rung_count(&after, "hard-restart"),

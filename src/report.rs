@@ -110,12 +110,14 @@ pub fn register_font() -> anyhow::Result<()> {
 }
 
 /// Series colours of every plot, in order.
-const PALETTE: [RGBColor; 5] = [
+const PALETTE: [RGBColor; 7] = [
     RGBColor(54, 110, 180),
     RGBColor(214, 96, 77),
     RGBColor(90, 160, 90),
     RGBColor(150, 110, 190),
     RGBColor(200, 150, 40),
+    RGBColor(60, 60, 60),
+    RGBColor(80, 180, 200),
 ];
 
 /// One panel of a grouped bar chart: for each category, one bar per series.

@@ -2,8 +2,10 @@
 //! revive-io-output-commit, its Figures on throughput against the
 //! checkpoint interval), and how long a rollback takes.
 //!
-//! For each scheme (off, stall, buffering, logging) and checkpoint interval
-//! T, a fresh `rebound serve` runs two fio jobs over NBD: cache-standard
+//! For each checkpoint interval T and each row (off, measured at every T
+//! as the peer of the rows beside it; stall, buffering, logging, renaming
+//! with commits when idle; buffering with fixed epochs, the paper's
+//! policy), a fresh `rebound serve` runs two fio jobs over NBD: cache-standard
 //! (random 4 KiB, 3 reads to 1 write) and 100% random writes, at two
 //! loads: one connection with 32 requests in flight (the shared fio job's
 //! depth) and 8 connections with 256 each. The table gives IOPS, mean and p99 completion
@@ -32,7 +34,7 @@ use crate::report::{Table, line_chart_png, thousands};
 pub struct OutputCommitArgs {
     #[command(flatten)]
     common: CommonArgs,
-    /// Seconds of fio per job and cell [default: 5, or 2 with --quick].
+    /// Seconds of fio per job and cell [default: 3, or 2 with --quick].
     #[arg(long)]
     runtime: Option<u32>,
     /// fio requests in flight per connection [default: two loads, 1 x 32
@@ -213,11 +215,12 @@ fn measure<'a>(
 ) -> anyhow::Result<Vec<Cell<'a>>> {
     let depth = (load.iodepth, load.jobs);
     let mut cells: Vec<Cell<'a>> = Vec::new();
-    let runs = 1 + (SCHEMES.len() as u64 - 1) * intervals.len() as u64;
+    // Off runs at every T too, next to the schemes it is compared with:
+    // this host's throughput drifts by more than the effect measured.
+    let runs = SCHEMES.len() as u64 * intervals.len() as u64;
     let bar = crate::report::progress(runs, "cells");
-    for scheme in SCHEMES {
-        let ts: &[u64] = if scheme == "off" { &[0] } else { intervals };
-        for &t in ts {
+    for &t in intervals {
+        for scheme in SCHEMES {
             bar.set_message(format!("load {}, {scheme}, T = {t} ms", load.name()));
             let dir = tempfile::tempdir_in(work)?;
             let flags = if scheme == "off" {
@@ -237,8 +240,19 @@ fn measure<'a>(
     Ok(cells)
 }
 
+/// The `off` cell measured at `t`.
+fn off_at(cells: &[Cell<'_>], t: u64) -> [Fio; 2] {
+    cells
+        .iter()
+        .find(|(s, ct, _)| *s == "off" && *ct == t)
+        .map(|c| c.2)
+        .expect("off runs at every T")
+}
+
 fn report(load: Load, cells: &[Cell<'_>], runtime: u32) {
-    let off = cells[0].2;
+    let mut cells = cells.to_vec();
+    // Rows by scheme, then T.
+    cells.sort_by_key(|(s, t, _)| (SCHEMES.iter().position(|x| x == s), *t));
     let mut table = Table::new(&[
         "scheme",
         "T ms",
@@ -253,13 +267,14 @@ fn report(load: Load, cells: &[Cell<'_>], runtime: u32) {
         "write mean growth",
         "budget T/2+1ms",
     ]);
-    for (scheme, t, [m, w]) in cells {
+    for (scheme, t, [m, w]) in &cells {
+        let off = off_at(&cells, *t);
         let growth_ms = (w.mean_us - off[1].mean_us) / 1000.0;
         let budget_ms = *t as f64 / 2.0 + 1.0;
         let on = *scheme != "off";
         table.row(vec![
             (*scheme).to_owned(),
-            if on { t.to_string() } else { "-".into() },
+            t.to_string(),
             thousands(m.iops),
             format!("{:.3}x", m.iops / off[0].iops),
             format!("{:.0}", m.mean_us),
@@ -294,6 +309,7 @@ fn report(load: Load, cells: &[Cell<'_>], runtime: u32) {
     println!("{}", table.render());
     for scheme in ["buffering", "stall", "logging", "renaming", FIXED] {
         if let Some((_, _, [m, w])) = cells.iter().find(|(s, t, _)| *s == scheme && *t == 20) {
+            let off = off_at(&cells, 20);
             let worst = (m.iops / off[0].iops).min(w.iops / off[1].iops);
             println!(
                 "  {scheme} at T = 20 ms: {worst:.3}x of off, worse job (target for buffering: >= 0.95x: {})",
@@ -307,29 +323,17 @@ fn report(load: Load, cells: &[Cell<'_>], runtime: u32) {
     );
 }
 
-fn plots(
-    out: &std::path::Path,
-    load: Load,
-    cells: &[Cell<'_>],
-    intervals: &[u64],
-) -> anyhow::Result<()> {
-    let off = cells[0].2;
+fn plots(out: &std::path::Path, load: Load, cells: &[Cell<'_>]) -> anyhow::Result<()> {
     let series = |job: usize, f: fn(&Fio) -> f64| -> Vec<(String, Vec<(f64, f64)>)> {
         SCHEMES
             .iter()
             .map(|s| {
-                let pts = if *s == "off" {
-                    intervals
-                        .iter()
-                        .map(|&t| (t as f64, f(&off[job])))
-                        .collect()
-                } else {
-                    cells
-                        .iter()
-                        .filter(|(n, _, _)| n == s)
-                        .map(|(_, t, r)| (*t as f64, f(&r[job])))
-                        .collect()
-                };
+                let mut pts: Vec<(f64, f64)> = cells
+                    .iter()
+                    .filter(|(n, _, _)| n == s)
+                    .map(|(_, t, r)| (*t as f64, f(&r[job])))
+                    .collect();
+                pts.sort_by(|a, b| a.0.total_cmp(&b.0));
                 ((*s).to_owned(), pts)
             })
             .collect()
@@ -363,7 +367,7 @@ fn plots(
 /// Run the experiment.
 pub fn run(args: OutputCommitArgs) -> anyhow::Result<std::process::ExitCode> {
     let quick = args.common.quick;
-    let runtime = args.runtime.unwrap_or(if quick { 2 } else { 5 });
+    let runtime = args.runtime.unwrap_or(if quick { 2 } else { 3 });
     let rollback_count = args.rollbacks.unwrap_or(if quick { 5 } else { 20 });
     anyhow::ensure!(
         (1..=3600).contains(&runtime),
@@ -405,7 +409,7 @@ pub fn run(args: OutputCommitArgs) -> anyhow::Result<std::process::ExitCode> {
         let cells = measure(load, intervals, runtime, work.path(), port)?;
         report(load, &cells, runtime);
         if !quick {
-            plots(&args.common.out, load, &cells, intervals)?;
+            plots(&args.common.out, load, &cells)?;
         }
     }
 

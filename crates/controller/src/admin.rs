@@ -18,6 +18,7 @@
 //! | `inject group-fault GROUP [rate=P] [duration=D]` | the scheduling paper's emulation: a fault per dispatch of GROUP with probability P, each recovery taking D (rung 2); `rate=0` stops it |
 //! | `inject corrupt-frame TRACK` | damage the check word of the cache frame holding TRACK (4 KiB units): the next read rebuilds it (rung 1) |
 //! | `inject unsolicited-completion [DEVICE]` | the device (default 0) reports a completion no submission is waiting for: ignored and counted (rung 1) |
+//! | `inject corrupt-directory TRACK` | damage the in-memory directory entry of dirty TRACK (state corruption): the next read finds it naming a record the NVS does not hold; with output commit, rung 3 restores it from the checkpoint, else the read is answered EIO |
 //! | `inject rollback` | roll the controller back to its last checkpoint now (rung 3: needs `--output-commit`; quiesce, restore the checkpoint, drop held writes, run the open epoch's requests again); answers with its report |
 //! | `inject system` | run a system-level recovery now (rung 4: quiesce, rebuild from the recovery box, redrive; connections stay up); answers with its report |
 //! | `inject abandon-box` | invalidate the recovery box and stop keeping it (a corrupt box: rung 4 rebuilds from an NVS scan, the next start is a hard restart) |
@@ -349,6 +350,20 @@ fn inject(words: &[&str], ctl: &Arc<Controller>) -> Result<String, String> {
                 ))
             }
         }
+        ["corrupt-directory", track] => {
+            let t: u64 = track.parse().map_err(|_| {
+                format!("corrupt-directory TRACK: {track:?} is not a track number")
+            })?;
+            match ctl.cache.damage_directory(t) {
+                Some(d) => Ok(format!(
+                    "damaged the directory entry of track {t} (its record, slot {} seq {}, is now named wrongly)\n",
+                    d.slot, d.seq
+                )),
+                None => Err(format!(
+                    "track {t} has no dirty directory entry (write it first)"
+                )),
+            }
+        }
         ["rollback"] => ctl
             .rollback("injected through the admin socket")
             .map(|report| format!("{report}\n"))
@@ -403,11 +418,11 @@ fn inject(words: &[&str], ctl: &Arc<Controller>) -> Result<String, String> {
             Ok("every fault point and group injection disarmed\n".into())
         }
         [] => Err(
-            "inject what? faults: panic, fail, delay, group-fault, corrupt-frame, unsolicited-completion, rollback, system, abandon-box, crash, crash-damaged-box, clear"
+            "inject what? faults: panic, fail, delay, group-fault, corrupt-frame, corrupt-directory, unsolicited-completion, rollback, system, abandon-box, crash, crash-damaged-box, clear"
                 .into(),
         ),
         [other, ..] => Err(format!(
-            "unknown fault {other:?} (or missing its argument); faults: panic POINT, fail POINT, delay POINT, group-fault GROUP, corrupt-frame TRACK, unsolicited-completion [DEVICE], rollback, system, abandon-box, crash, crash-damaged-box, clear"
+            "unknown fault {other:?} (or missing its argument); faults: panic POINT, fail POINT, delay POINT, group-fault GROUP, corrupt-frame TRACK, corrupt-directory TRACK, unsolicited-completion [DEVICE], rollback, system, abandon-box, crash, crash-damaged-box, clear"
         )),
     }
 }

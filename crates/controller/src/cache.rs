@@ -973,6 +973,33 @@ impl Cache {
         restored
     }
 
+    /// Rung 3: note `track` as changed since the checkpoint (a suspect:
+    /// its entry was found inconsistent), so a rollback restores it.
+    pub fn mark_changed(&self, track: u64) {
+        let mut guard = self.shards[shard_of(track)].lock(Use::Quiet);
+        guard.changed.push(track);
+    }
+
+    /// Damage the directory entry of dirty `track` in memory (fault
+    /// injection: state corruption): its record's sequence number is
+    /// flipped and its cached copy dropped, so the next read of the track
+    /// finds the entry naming a record the NVS does not hold. The change is
+    /// not noted for the checkpoint (as real corruption would not be); the
+    /// recovery box keeps the true record. Returns the true record.
+    pub fn damage_directory(&self, track: u64) -> Option<Dirty> {
+        let mut guard = self.shards[shard_of(track)].lock(Use::Write);
+        let shard = &mut *guard;
+        let d = shard.map.get(&track).and_then(|e| e.dirty)?;
+        shard.drop_frame(track);
+        shard.epoch += 1;
+        let e = shard.map.get_mut(&track)?;
+        e.dirty = Some(Dirty {
+            slot: d.slot,
+            seq: d.seq ^ (1 << 62),
+        });
+        Some(d)
+    }
+
     /// Install the rebuild hook (once; later calls are ignored).
     pub fn set_rebuild_hook(&self, hook: RebuildHook) {
         let _ = self.rebuild_hook.set(hook);

@@ -113,6 +113,10 @@ pub(crate) struct Request {
     pub(crate) block: Option<crate::ctlblock::Block>,
     /// Alive while the request is (its control block's owner).
     pub(crate) alive: Option<crate::ctlblock::Liveness>,
+    /// Its stage found the controller's state inconsistent (a directory
+    /// entry naming a record the NVS does not hold): no redrive can help;
+    /// escalate (rung 3 with output commit, else 4).
+    corrupt_state: bool,
     /// Passed validation: under output commit its reply waits in the
     /// output gate for its epoch to commit (rung 3).
     gated: bool,
@@ -185,6 +189,7 @@ impl Request {
             note: None,
             block: None,
             alive: Some(Arc::new(())),
+            corrupt_state: false,
             gated: false,
         }
     }
@@ -197,6 +202,13 @@ impl Request {
         let ctl = self.ctl();
         if self.early_error.is_some() || ctl.stopping.load(std::sync::atomic::Ordering::SeqCst) {
             return Redrive::Fail;
+        }
+        if self.corrupt_state {
+            return if self.escalated {
+                Redrive::Fail
+            } else {
+                Redrive::Escalate
+            };
         }
         let g = ctl.groups;
         let safe = if !self.in_body {
@@ -265,6 +277,7 @@ impl Request {
             note: None,
             block: self.block.take(),
             alive: self.alive.take(),
+            corrupt_state: false,
             gated: self.gated,
         })
     }
@@ -743,6 +756,22 @@ fn cache_read(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failur
             Ok(crate::cache::ReadOutcome::Miss { epoch }) => misses.push((i, epoch)),
             Ok(_) => {}
             Err(e) => {
+                let track = first + i as u64;
+                if ctl.epochs.enabled() && !req.escalated {
+                    // The directory may be what is wrong: roll back to the
+                    // checkpoint (rung 3), which restores this entry, and
+                    // read again. If the record itself is bad, the read
+                    // fails again and is answered EIO.
+                    tracing::error!(track, error = %e, "a directory entry names a record the NVS does not hold; rung 3");
+                    ctl.epochs.suspect(track);
+                    req.corrupt_state = true;
+                    req.note = Some(format!(
+                        "the directory entry of track {track} names a record the NVS does not hold ({e})"
+                    ));
+                    return Err(Failure::internal_logic(format!(
+                        "inconsistent directory entry of track {track}"
+                    )));
+                }
                 tracing::error!(error = %e, "reading a dirty track from the NVS");
                 req.reply(Err((NbdError::Io, "NVS record failed its checksum")));
                 return Ok(());

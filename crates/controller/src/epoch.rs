@@ -102,6 +102,9 @@ pub struct Epochs {
     image: Mutex<FxHashMap<u64, Dirty>>,
     replies: Mutex<Vec<HeldReply>>,
     retired: Mutex<Vec<(u64, u32)>>,
+    /// Tracks whose directory entry was found inconsistent: a rollback
+    /// restores them from the checkpoint even if no change was noted.
+    suspects: Mutex<Vec<u64>>,
     /// A FUA or FLUSH is waiting: the commit syncs the devices before it
     /// releases replies.
     sync_needed: AtomicBool,
@@ -145,6 +148,7 @@ impl Epochs {
             image: Mutex::new(FxHashMap::default()),
             replies: Mutex::new(Vec::new()),
             retired: Mutex::new(Vec::new()),
+            suspects: Mutex::new(Vec::new()),
             sync_needed: AtomicBool::new(false),
             device: PseudoDevice::new(scheme, dir, volume)?,
             stats: EpochStats::default(),
@@ -230,6 +234,17 @@ impl Epochs {
         self.retired
             .lock()
             .extend(slots.iter().map(|&slot| (epoch, slot)));
+    }
+
+    /// The directory entry of `track` was found inconsistent (it names a
+    /// record the NVS does not hold): the next rollback restores it.
+    pub(crate) fn suspect(&self, track: u64) {
+        self.suspects.lock().push(track);
+    }
+
+    /// Take the suspects (a rollback).
+    pub(crate) fn take_suspects(&self) -> Vec<u64> {
+        std::mem::take(&mut *self.suspects.lock())
     }
 
     /// A FUA or FLUSH reply is held: sync the devices at the commit.

@@ -446,6 +446,9 @@ fn run_rollback(ctl: &Arc<Controller>, cause: &str) -> Result<RollbackReport, Sy
     // The directory, then the NVS: every record the restored directory
     // names is valid again; every other one (the open epoch's) is erased
     // and its slot freed.
+    for track in ctl.epochs.take_suspects() {
+        ctl.cache.mark_changed(track);
+    }
     let restored_tracks = ctl
         .cache
         .roll_back_changes(&ctl.nvs, |t| ctl.epochs.image_of(t));
