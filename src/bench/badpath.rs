@@ -37,46 +37,11 @@ pub struct BadPathArgs {
 const POLICIES: [&str; 2] = ["performance", "dynamic"];
 const PATHS: [&str; 2] = ["good", "bad"];
 
-/// IOPS and mean completion latency (µs) of one fio run.
+/// IOPS and mean completion latency (µs) of one fio cache-standard run
+/// (QD32, one connection).
 pub(super) fn fio_run(port: u16, runtime: u32) -> anyhow::Result<(f64, f64)> {
-    let out = Command::new("fio")
-        .args([
-            "--name=cache-standard",
-            "--ioengine=nbd",
-            &format!("--uri=nbd://127.0.0.1:{port}/"),
-            "--rw=randrw",
-            "--rwmixread=75",
-            "--bs=4k",
-            "--iodepth=32",
-            "--size=1g",
-            "--time_based=1",
-            &format!("--runtime={runtime}"),
-            "--output-format=json",
-        ])
-        .stderr(Stdio::null())
-        .output()
-        .context("running fio (apt-get install fio)")?;
-    anyhow::ensure!(out.status.success(), "fio failed ({})", out.status);
-    // fio may print notes before the JSON document.
-    let start = out
-        .stdout
-        .iter()
-        .position(|&b| b == b'{')
-        .context("no JSON from fio")?;
-    let v: serde_json::Value =
-        serde_json::from_slice(&out.stdout[start..]).context("parsing fio's JSON output")?;
-    let job = &v["jobs"][0];
-    let mut iops = 0.0;
-    let mut lat_weighted = 0.0;
-    for dir in ["read", "write"] {
-        let d = &job[dir];
-        let i = d["iops"].as_f64().unwrap_or(0.0);
-        let mean_ns = d["clat_ns"]["mean"].as_f64().unwrap_or(0.0);
-        iops += i;
-        lat_weighted += i * mean_ns;
-    }
-    anyhow::ensure!(iops > 0.0, "fio completed no I/O");
-    Ok((iops, lat_weighted / iops / 1000.0))
+    let r = super::fio::fio(port, "cache-standard", runtime, (32, 1))?;
+    Ok((r.iops, r.mean_us))
 }
 
 fn one(

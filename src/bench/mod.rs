@@ -9,6 +9,7 @@ use clap::{Args, Subcommand};
 mod availability;
 mod badpath;
 mod controller;
+mod fio;
 mod loglock;
 mod outputcommit;
 mod rcs;

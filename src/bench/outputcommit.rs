@@ -13,19 +13,20 @@
 //! against the T/2 + 1 ms budget. Then, at the default T, rollbacks are
 //! injected under the cache-standard load and their durations reported.
 //!
-//! A closed-loop client with Q requests in flight cannot go faster than
-//! about Q / (T/2 + service time) once every reply waits for its epoch:
-//! at T = 20 ms and Q = 32 that is ~3,200 IOPS. The paper's servers had
-//! enough clients in flight to hide the delay; the 8 x 256 load shows
-//! that.
+//! With fixed epochs a closed-loop client with Q requests in flight cannot
+//! go faster than about Q / T: its whole batch completes early in an epoch
+//! and waits for the commit (32 / 20 ms = 1,600 IOPS). The paper's servers
+//! had enough clients in flight to hide the delay, as the 8 x 256 load
+//! does; commits when idle (the default) end the epoch as soon as the
+//! batch is done.
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
 
 use super::CommonArgs;
+use super::fio::{Fio, fio};
 use super::server::ServerProc;
 use crate::report::{Table, line_chart_png, thousands};
 
@@ -56,63 +57,6 @@ const SCHEMES: [&str; 6] = ["off", "stall", "buffering", "logging", "renaming", 
 /// Buffering with `--commit-when-idle false`.
 const FIXED: &str = "buffering, fixed epochs";
 const INTERVALS_MS: [u64; 6] = [5, 10, 20, 40, 80, 160];
-
-/// One fio job's result.
-#[derive(Debug, Clone, Copy, Default)]
-struct Fio {
-    iops: f64,
-    mean_us: f64,
-    p99_us: f64,
-}
-
-fn fio(port: u16, job: &str, runtime: u32, (iodepth, jobs): (u32, u32)) -> anyhow::Result<Fio> {
-    let rw: &[&str] = match job {
-        "cache-standard" => &["--rw=randrw", "--rwmixread=75"],
-        _ => &["--rw=randwrite"],
-    };
-    let out = Command::new("fio")
-        .args([
-            &format!("--name={job}"),
-            "--ioengine=nbd",
-            &format!("--uri=nbd://127.0.0.1:{port}/"),
-            "--bs=4k",
-            &format!("--iodepth={iodepth}"),
-            &format!("--numjobs={jobs}"),
-            "--group_reporting=1",
-            "--size=1g",
-            "--time_based=1",
-            &format!("--runtime={runtime}"),
-            "--output-format=json",
-        ])
-        .args(rw)
-        .stderr(Stdio::null())
-        .output()
-        .context("running fio (apt-get install fio)")?;
-    anyhow::ensure!(out.status.success(), "fio failed ({})", out.status);
-    let start = out
-        .stdout
-        .iter()
-        .position(|&b| b == b'{')
-        .context("no JSON from fio")?;
-    let v: serde_json::Value =
-        serde_json::from_slice(&out.stdout[start..]).context("parsing fio's JSON output")?;
-    let j = &v["jobs"][0];
-    let mut r = Fio::default();
-    let mut weighted = 0.0;
-    for dir in ["read", "write"] {
-        let d = &j[dir];
-        let iops = d["iops"].as_f64().unwrap_or(0.0);
-        r.iops += iops;
-        weighted += iops * d["clat_ns"]["mean"].as_f64().unwrap_or(0.0);
-        let p99 = d["clat_ns"]["percentile"]["99.000000"]
-            .as_f64()
-            .unwrap_or(0.0);
-        r.p99_us = r.p99_us.max(p99 / 1000.0);
-    }
-    anyhow::ensure!(r.iops > 0.0, "fio completed no I/O");
-    r.mean_us = weighted / r.iops / 1000.0;
-    Ok(r)
-}
 
 fn serve_flags(row: &str, t_ms: u64) -> Vec<String> {
     let (scheme, when_idle) = if row == FIXED {

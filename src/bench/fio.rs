@@ -1,0 +1,74 @@
+//! fio's nbd engine as the experiments' client: one run, its JSON parsed.
+
+use std::process::{Command, Stdio};
+
+use anyhow::Context;
+
+/// One fio job's result.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Fio {
+    /// Completions per second, reads and writes.
+    pub iops: f64,
+    /// Mean completion latency, µs.
+    pub mean_us: f64,
+    /// 99th percentile completion latency (the worse direction), µs.
+    pub p99_us: f64,
+}
+
+/// Run fio's nbd engine against `127.0.0.1:port`: `job` is
+/// "cache-standard" (random 4 KiB, 3 reads to 1 write) or "write" (100%
+/// random 4 KiB writes), with `jobs` connections of `iodepth` requests in
+/// flight.
+pub(super) fn fio(
+    port: u16,
+    job: &str,
+    runtime: u32,
+    (iodepth, jobs): (u32, u32),
+) -> anyhow::Result<Fio> {
+    let rw: &[&str] = match job {
+        "cache-standard" => &["--rw=randrw", "--rwmixread=75"],
+        _ => &["--rw=randwrite"],
+    };
+    let out = Command::new("fio")
+        .args([
+            &format!("--name={job}"),
+            "--ioengine=nbd",
+            &format!("--uri=nbd://127.0.0.1:{port}/"),
+            "--bs=4k",
+            &format!("--iodepth={iodepth}"),
+            &format!("--numjobs={jobs}"),
+            "--group_reporting=1",
+            "--size=1g",
+            "--time_based=1",
+            &format!("--runtime={runtime}"),
+            "--output-format=json",
+        ])
+        .args(rw)
+        .stderr(Stdio::null())
+        .output()
+        .context("running fio (apt-get install fio)")?;
+    anyhow::ensure!(out.status.success(), "fio failed ({})", out.status);
+    let start = out
+        .stdout
+        .iter()
+        .position(|&b| b == b'{')
+        .context("no JSON from fio")?;
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout[start..]).context("parsing fio's JSON output")?;
+    let j = &v["jobs"][0];
+    let mut r = Fio::default();
+    let mut weighted = 0.0;
+    for dir in ["read", "write"] {
+        let d = &j[dir];
+        let iops = d["iops"].as_f64().unwrap_or(0.0);
+        r.iops += iops;
+        weighted += iops * d["clat_ns"]["mean"].as_f64().unwrap_or(0.0);
+        let p99 = d["clat_ns"]["percentile"]["99.000000"]
+            .as_f64()
+            .unwrap_or(0.0);
+        r.p99_us = r.p99_us.max(p99 / 1000.0);
+    }
+    anyhow::ensure!(r.iops > 0.0, "fio completed no I/O");
+    r.mean_us = weighted / r.iops / 1000.0;
+    Ok(r)
+}
