@@ -286,9 +286,8 @@ fn renamed_tracks_survive_a_crash_and_go_home_when_renaming_is_turned_off() {
     }
 }
 
-/// A damaged rename map is refused at start with the track named, and the
-/// files are left as they were for inspection; a map of another volume
-/// size is refused too.
+/// A damaged rename map is refused at start with the track named, and
+/// so is a truncated one.
 #[test]
 fn a_damaged_rename_map_is_refused_at_start_naming_the_track() {
     let mut server = Server::start(
@@ -405,4 +404,63 @@ fn a_corrupt_directory_entry_is_restored_by_a_rollback_and_the_read_succeeds() {
             );
         }
     }
+}
+
+/// The slot of the NVS record holding `track`, read from the NVS file
+/// (superblock 4 KiB, then slots of a 64-byte header and 4 KiB of data;
+/// header: magic "RBNV", kind u16, reserved u16, seq u64, track u64).
+fn nvs_slot_of(nvs: &std::path::Path, track: u64) -> Option<u64> {
+    let bytes = std::fs::read(nvs).unwrap();
+    let slot_bytes = 64 + TRACK as usize;
+    bytes[4096..]
+        .chunks_exact(slot_bytes)
+        .position(|s| {
+            &s[0..4] == b"RBNV" && u64::from_le_bytes(s[16..24].try_into().unwrap()) == track
+        })
+        .map(|p| p as u64)
+}
+
+/// When the NVS no longer holds a record the checkpoint names (media
+/// damage under the checkpoint), the rollback is refused and the state is
+/// rebuilt as rung 4 does, still quiesced: the read that found the corrupt
+/// directory entry is answered with the acknowledged data, and the server
+/// keeps serving.
+#[test]
+fn a_rollback_whose_checkpoint_the_nvs_contradicts_falls_back_to_rung_4() {
+    let server = Server::start(
+        "16M",
+        &["--output-commit", "stall", "--checkpoint-interval", "20ms"],
+    );
+    server
+        .admin("inject fail device.queue-full count=unlimited")
+        .unwrap();
+    let mut c = Raw::go(&server.addr);
+    for t in [5u64, 9] {
+        write(&mut c, t, t, 0x50 + t as u8);
+        reply_ok(&mut c, t, 0);
+    }
+    // Damage the header of track 9's record in the NVS (it is dirty and
+    // named by the checkpoint).
+    let slot = nvs_slot_of(&server.nvs, 9).expect("track 9 has a record in the NVS");
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&server.nvs)
+        .unwrap();
+    f.write_all_at(&[0xff], 4096 + slot * (64 + TRACK) + 8)
+        .unwrap();
+    let answer = server.admin("inject corrupt-directory 5").unwrap();
+    assert!(answer.contains("track 5"), "{answer}");
+    let data = read_track(&mut c, 50, 5);
+    assert!(
+        data.iter().all(|&b| b == 0x55),
+        "track 5 after the fallback"
+    );
+    let status = server.admin("status").unwrap();
+    assert_eq!(common::rung_count(&status, "rollback"), 0, "{status}");
+    assert_eq!(common::rung_count(&status, "system"), 1, "{status}");
+    assert!(status.contains("rollback refused"), "{status}");
+    server.admin("inject clear").unwrap();
+    write(&mut c, 60, 3, 0x33);
+    reply_ok(&mut c, 60, 0);
+    assert!(read_track(&mut c, 61, 3).iter().all(|&b| b == 0x33));
 }

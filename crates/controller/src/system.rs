@@ -141,6 +141,9 @@ pub struct RollbackReport {
     pub restore: Duration,
     /// Gate closed to gate open.
     pub total: Duration,
+    /// The checkpoint could not be restored and the state was rebuilt as
+    /// rung 4 does instead: why, and from what.
+    pub fell_back: Option<String>,
 }
 
 impl std::fmt::Display for RollbackReport {
@@ -159,7 +162,11 @@ impl std::fmt::Display for RollbackReport {
             self.drain,
             self.restore,
             self.total
-        )
+        )?;
+        if let Some(why) = &self.fell_back {
+            write!(f, "; rollback refused, rung 4 instead: {why}")?;
+        }
+        Ok(())
     }
 }
 
@@ -289,7 +296,48 @@ fn run(ctl: &Arc<Controller>, cause: &str) -> Result<SystemReport, SystemError> 
         ctl.epochs.commit_serial(ctl);
     }
 
-    // Rebuild.
+    let (source, box_refused) = rebuild(ctl);
+    let dirty_tracks = ctl.cache.dirty_tracks();
+    drop(serial);
+    let rebuilt = Instant::now();
+
+    // Redrive.
+    sys.quiescing.store(false, Ordering::SeqCst);
+    crate::destage::kick(ctl);
+    let redriven = parked.len() as u64;
+    for req in parked {
+        resume(ctl, req);
+    }
+    drop(gate);
+    let report = SystemReport {
+        cause: cause.to_owned(),
+        source,
+        box_refused,
+        dirty_tracks,
+        redriven,
+        quiesce: quiesced - started,
+        rebuild: rebuilt - quiesced,
+        total: started.elapsed(),
+    };
+    ctl.recoveries.record(
+        Rung::System,
+        format!(
+            "{cause}; directory rebuilt from {}",
+            match source {
+                RebuildSource::RecoveryBox => "the recovery box",
+                RebuildSource::NvsScan => "an NVS scan",
+            }
+        ),
+        report.total,
+        redriven,
+    );
+    Ok(report)
+}
+
+/// Rebuild the cache directory, destage queue and NVS free list from the
+/// recovery box or, when the box is not trusted, an NVS scan (the pipeline
+/// is quiesced). Returns the source and why the box was refused.
+fn rebuild(ctl: &Controller) -> (RebuildSource, Option<String>) {
     ctl.cache.reset();
     ctl.destage.reset();
     let mut box_refused = None;
@@ -331,42 +379,8 @@ fn run(ctl: &Arc<Controller>, cause: &str) -> Result<SystemReport, SystemError> 
         }
         ctl.nvs.free(&free);
     }
-    let dirty_tracks = ctl.cache.dirty_tracks();
     ctl.epochs.after_rebuild(ctl);
-    drop(serial);
-    let rebuilt = Instant::now();
-
-    // Redrive.
-    sys.quiescing.store(false, Ordering::SeqCst);
-    crate::destage::kick(ctl);
-    let redriven = parked.len() as u64;
-    for req in parked {
-        resume(ctl, req);
-    }
-    drop(gate);
-    let report = SystemReport {
-        cause: cause.to_owned(),
-        source,
-        box_refused,
-        dirty_tracks,
-        redriven,
-        quiesce: quiesced - started,
-        rebuild: rebuilt - quiesced,
-        total: started.elapsed(),
-    };
-    ctl.recoveries.record(
-        Rung::System,
-        format!(
-            "{cause}; directory rebuilt from {}",
-            match source {
-                RebuildSource::RecoveryBox => "the recovery box",
-                RebuildSource::NvsScan => "an NVS scan",
-            }
-        ),
-        report.total,
-        redriven,
-    );
-    Ok(report)
+    (source, box_refused)
 }
 
 /// Wait until no request is in a stage body and no destage task runs.
@@ -461,14 +475,31 @@ fn run_rollback(ctl: &Arc<Controller>, cause: &str) -> Result<RollbackReport, Sy
             track,
         })
         .collect();
-    let adopted = ctl.nvs.adopt(&referenced, ctl.nvs.last_seq() + 1);
-    ctl.destage.reset();
-    let mut sorted = records;
-    sorted.sort_by_key(|&(_, d)| d.seq);
-    for (track, _) in sorted {
-        ctl.destage.push(track);
-    }
     drop(cut);
+    // If the NVS does not hold what the checkpoint names, the checkpoint
+    // cannot be trusted: rebuild as rung 4 does, still quiesced.
+    let fell_back = match ctl.nvs.adopt(&referenced, ctl.nvs.last_seq() + 1) {
+        Ok(()) => {
+            ctl.destage.reset();
+            let mut sorted = records;
+            sorted.sort_by_key(|&(_, d)| d.seq);
+            for (track, _) in sorted {
+                ctl.destage.push(track);
+            }
+            None
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "rung 3: the NVS disagrees with the checkpoint; rebuilding as rung 4");
+            let (source, _) = rebuild(ctl);
+            Some(format!(
+                "the NVS disagrees with the checkpoint ({e}); rebuilt from {}",
+                match source {
+                    RebuildSource::RecoveryBox => "the recovery box",
+                    RebuildSource::NvsScan => "an NVS scan",
+                }
+            ))
+        }
+    };
     let restored = Instant::now();
     ctl.epochs.stats.rollbacks.fetch_add(1, Ordering::Relaxed);
 
@@ -479,33 +510,6 @@ fn run_rollback(ctl: &Arc<Controller>, cause: &str) -> Result<RollbackReport, Sy
     let count = rerun.len() as u64;
     sys.quiescing.store(false, Ordering::SeqCst);
     drop(serial);
-    if let Err(e) = adopted {
-        // The NVS does not hold what the checkpoint names: the
-        // checkpoint cannot be trusted. Rung 4 rebuilds from the box or a
-        // scan (the requests wait, parked).
-        tracing::error!(error = %e, "rung 3: the NVS disagrees with the checkpoint; rung 4");
-        for mut req in rerun {
-            req.rewind();
-            sys.park(req);
-        }
-        drop(gate);
-        sys.running.store(false, Ordering::Release);
-        let report = recover(ctl, &format!("{cause}; rollback refused: {e}"));
-        sys.running.store(true, Ordering::Release);
-        return report.map(|r| RollbackReport {
-            cause: cause.to_owned(),
-            epoch,
-            restored_tracks: 0,
-            dropped_writes,
-            rerun: r.redriven,
-            quiesce: quiesced - started,
-            commit_wait: committed - started,
-            gate_wait: gated - committed,
-            drain: quiesced - gated,
-            restore: r.rebuild,
-            total: started.elapsed(),
-        });
-    }
     crate::destage::kick(ctl);
     for mut req in rerun {
         req.rewind();
@@ -524,15 +528,24 @@ fn run_rollback(ctl: &Arc<Controller>, cause: &str) -> Result<RollbackReport, Sy
         drain: quiesced - gated,
         restore: restored - quiesced,
         total: started.elapsed(),
+        fell_back: fell_back.clone(),
     };
-    ctl.recoveries.record(
-        Rung::Rollback,
-        format!(
-            "{cause}; epoch {epoch} rolled back ({restored_tracks} entries restored, {dropped_writes} held writes dropped)"
+    match fell_back {
+        None => ctl.recoveries.record(
+            Rung::Rollback,
+            format!(
+                "{cause}; epoch {epoch} rolled back ({restored_tracks} entries restored, {dropped_writes} held writes dropped)"
+            ),
+            report.total,
+            count,
         ),
-        report.total,
-        count,
-    );
+        Some(why) => ctl.recoveries.record(
+            Rung::System,
+            format!("{cause}; rollback refused: {why}"),
+            report.total,
+            count,
+        ),
+    }
     Ok(report)
 }
 
