@@ -28,6 +28,11 @@ if ((${#need[@]})); then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq "${need[@]}"
 fi
+# The DuckDB peer of `bench smartstore` (Python packages).
+python3 -c 'import duckdb, pyarrow' 2>/dev/null || {
+  echo "installing: duckdb pyarrow (pip)"
+  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore duckdb pyarrow
+}
 # fio must have its nbd engine (Debian's does).
 fio --enghelp 2>/dev/null | grep -qw nbd || { echo "fio lacks the nbd engine"; exit 1; }
 echo "ok"
@@ -62,6 +67,10 @@ cargo run --release --quiet -- bench loglock --quick
 cargo run --release --quiet -- bench availability --quick
 cargo run --release --quiet -- bench badpath --quick
 cargo run --release --quiet -- bench output-commit --quick
+cargo run --release --quiet -- bench smartstore --quick
+# Smart storage at scale factor 1: Q1 on 4 node processes must equal a
+# single-process DataFusion run and the TPC-H reference answer.
+cargo run --release --quiet -- query --sf 1 --format csv --verify --quiet
 # The ladder end to end: exits non-zero if an acknowledged write was lost.
 cargo run --release --quiet -- demo
 

@@ -12,6 +12,7 @@ mod demo;
 mod nbd_client;
 mod report;
 mod serve;
+mod smartstore_cmd;
 mod supervise;
 
 /// rebound: a software storage controller that recovers from its own
@@ -38,6 +39,10 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Watch the recovery ladder: a server, a verifying client, one fault per rung (~20 s).
     Demo(demo::DemoArgs),
+    /// Serve one smart-storage node: table partitions and plan fragments over Arrow Flight.
+    Node(smartstore_cmd::NodeArgs),
+    /// Run the smart-storage workloads (Scan, TPC-H Q1) on storage nodes, local or given.
+    Query(smartstore_cmd::QueryArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -50,6 +55,8 @@ fn main() -> std::process::ExitCode {
         Command::Inject(args) => admin_cmd::inject(args),
         Command::Bench(args) => bench::run(args),
         Command::Demo(args) => demo::run(args),
+        Command::Node(args) => smartstore_cmd::node(args),
+        Command::Query(args) => smartstore_cmd::query(args),
     };
     match result {
         Ok(code) => code,

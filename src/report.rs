@@ -285,3 +285,94 @@ pub fn line_chart_png(
         .with_context(|| format!("writing {}", path.display()))?;
     Ok(())
 }
+
+/// One panel of a stacked bar chart: for each category one bar, made of
+/// one segment per component (e.g. I/O, compute, communication).
+#[derive(Debug)]
+pub struct StackPanel {
+    /// Panel title.
+    pub title: String,
+    /// Y axis label.
+    pub y_label: String,
+    /// Category names (x axis).
+    pub categories: Vec<String>,
+    /// `(component name, value per category)`, stacked bottom to top.
+    pub components: Vec<(String, Vec<f64>)>,
+}
+
+/// Draw stacked-bar panels side by side into a PNG (the layout of the
+/// smart-storage paper's Figures 8 to 11).
+pub fn stacked_bar_png(path: &Path, title: &str, panels: &[StackPanel]) -> anyhow::Result<()> {
+    register_font()?;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let width = 600 * panels.len() as u32;
+    let root = BitMapBackend::new(path, (width, 560)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (head, body) = root.split_vertically(40);
+    head.titled(title, ("sans-serif", 24))?;
+    let areas = body.split_evenly((1, panels.len()));
+    for (area, panel) in areas.iter().zip(panels) {
+        let n_cat = panel.categories.len();
+        let max = (0..n_cat)
+            .map(|c| panel.components.iter().map(|(_, v)| v[c]).sum::<f64>())
+            .fold(0.0f64, f64::max)
+            * 1.35;
+        let mut chart = ChartBuilder::on(area)
+            .caption(&panel.title, ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(70)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0f64..n_cat as f64, 0f64..max.max(1e-9))?;
+        let cats = panel.categories.clone();
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(n_cat * 2 + 1)
+            .x_label_formatter(&|x| {
+                let i = x.floor() as usize;
+                if (x - x.floor() - 0.5).abs() < 1e-6 && i < cats.len() {
+                    cats[i].clone()
+                } else {
+                    String::new()
+                }
+            })
+            .y_label_formatter(&|v| format!("{v:.2}"))
+            .y_desc(panel.y_label.as_str())
+            .label_style(("sans-serif", 13))
+            .draw()?;
+        let mut base = vec![0.0; n_cat];
+        for (s, (name, values)) in panel.components.iter().enumerate() {
+            let color = PALETTE[s % PALETTE.len()];
+            let bars: Vec<_> = values
+                .iter()
+                .enumerate()
+                .map(|(c, &v)| {
+                    let r = Rectangle::new(
+                        [(c as f64 + 0.15, base[c]), (c as f64 + 0.85, base[c] + v)],
+                        color.filled(),
+                    );
+                    base[c] += v;
+                    r
+                })
+                .collect();
+            chart
+                .draw_series(bars)?
+                .label(name.as_str())
+                .legend(move |(x, y)| {
+                    Rectangle::new([(x, y - 6), (x + 14, y + 6)], color.filled())
+                });
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .border_style(BLACK)
+            .background_style(WHITE.mix(0.85))
+            .label_font(("sans-serif", 14))
+            .draw()?;
+    }
+    root.present()
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}

@@ -15,6 +15,7 @@ mod outputcommit;
 mod rcs;
 mod recobox;
 pub(crate) mod server;
+mod smartstore;
 
 /// Arguments shared by every experiment.
 #[derive(Debug, Args)]
@@ -40,6 +41,8 @@ enum Which {
     Controller(controller::ControllerArgs),
     /// Rung 3's output commit: throughput and latency against the checkpoint interval per scheme; rollback time.
     OutputCommit(outputcommit::OutputCommitArgs),
+    /// Smart storage nodes: Scan and TPC-H Q1 per layout and device model, I/O / compute / communication; DuckDB peer.
+    Smartstore(smartstore::SmartstoreArgs),
 }
 
 /// Options every experiment accepts.
@@ -63,5 +66,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         Which::Box(a) => recobox::run(a),
         Which::Loglock(a) => loglock::run(a),
         Which::OutputCommit(a) => outputcommit::run(a),
+        Which::Smartstore(a) => smartstore::run(a),
     }
 }

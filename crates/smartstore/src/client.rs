@@ -1,0 +1,242 @@
+//! The Flight client a host (or a node talking to a peer) uses to reach a
+//! storage node. Every error names the node.
+
+use std::time::Duration;
+
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use arrow_flight::encode::FlightDataEncoderBuilder;
+use arrow_flight::flight_service_client::FlightServiceClient;
+use arrow_flight::{Action, FlightData, FlightDescriptor, Ticket};
+use futures::{StreamExt, TryStreamExt};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::error::{Error, Result};
+use crate::node::{
+    CheckpointCmd, GetCmd, MAX_BATCH_MESSAGE, MAX_MESSAGE, PutCmd, RAW_CHUNK, RebuildCmd, Stats,
+};
+use crate::plan::Fragment;
+
+/// How long connecting to a node may take before it counts as unreachable.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// A connection to one storage node.
+#[derive(Debug, Clone)]
+pub struct NodeClient {
+    label: String,
+    addr: String,
+    inner: FlightServiceClient<Channel>,
+}
+
+impl NodeClient {
+    /// Connects to the node at `addr` (`host:port`); `label` names it in
+    /// errors (for example `main 2 (127.0.0.1:4000)`).
+    pub async fn connect(addr: &str, label: &str) -> Result<NodeClient> {
+        let err = |m: String| Error::node(label, m);
+        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| err(format!("bad address {addr:?}: {e}")))?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_nodelay(true);
+        let channel = endpoint
+            .connect()
+            .await
+            .map_err(|e| err(format!("unreachable: {e}{}", source_chain(&e))))?;
+        Ok(NodeClient {
+            label: label.to_string(),
+            addr: addr.to_string(),
+            inner: FlightServiceClient::new(channel)
+                .max_decoding_message_size(MAX_MESSAGE)
+                .max_encoding_message_size(MAX_MESSAGE),
+        })
+    }
+
+    /// The node's address.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// The node's label.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    fn err(&self, e: impl std::fmt::Display) -> Error {
+        Error::node(&self.label, e)
+    }
+
+    fn status(&self, s: tonic::Status) -> Error {
+        self.err(format!("{}: {}", code_name(s.code()), s.message()))
+    }
+
+    /// Sends an action with a raw body; returns the first answer's body.
+    pub async fn action(&mut self, kind: &str, body: Vec<u8>) -> Result<Vec<u8>> {
+        let req = Action {
+            r#type: kind.into(),
+            body: body.into(),
+        };
+        let mut stream = self
+            .inner
+            .do_action(req)
+            .await
+            .map_err(|s| self.status(s))?
+            .into_inner();
+        let first = stream
+            .message()
+            .await
+            .map_err(|s| self.status(s))?
+            .ok_or_else(|| self.err(format!("{kind}: empty answer")))?;
+        Ok(first.body.to_vec())
+    }
+
+    async fn stats(&mut self, kind: &str, body: Vec<u8>) -> Result<Stats> {
+        let bytes = self.action(kind, body).await?;
+        serde_json::from_slice(&bytes)
+            .map_err(|e| self.err(format!("{kind}: malformed stats: {e}")))
+    }
+
+    /// Checks the node answers.
+    pub async fn ping(&mut self) -> Result<serde_json::Value> {
+        let bytes = self.action("ping", Vec::new()).await?;
+        serde_json::from_slice(&bytes).map_err(|e| self.err(format!("ping: {e}")))
+    }
+
+    /// Runs a plan fragment.
+    pub async fn run(&mut self, fragment: &Fragment) -> Result<Stats> {
+        self.stats("run", fragment.to_json()).await
+    }
+
+    /// Sends an object to a mirror or parity node.
+    pub async fn checkpoint(&mut self, cmd: &CheckpointCmd) -> Result<Stats> {
+        self.stats("checkpoint", serde_json::to_vec(cmd).expect("json"))
+            .await
+    }
+
+    /// Rebuilds a lost node's object on this node.
+    pub async fn rebuild(&mut self, cmd: &RebuildCmd) -> Result<Stats> {
+        self.stats("rebuild", serde_json::to_vec(cmd).expect("json"))
+            .await
+    }
+
+    fn descriptor(cmd: &PutCmd) -> FlightDescriptor {
+        FlightDescriptor::new_cmd(serde_json::to_vec(cmd).expect("json"))
+    }
+
+    async fn put(&mut self, messages: Vec<FlightData>) -> Result<Stats> {
+        let mut results = self
+            .inner
+            .do_put(futures::stream::iter(messages))
+            .await
+            .map_err(|s| self.status(s))?
+            .into_inner();
+        let r = results
+            .message()
+            .await
+            .map_err(|s| self.status(s))?
+            .ok_or_else(|| self.err("do_put: no result"))?;
+        serde_json::from_slice(&r.app_metadata)
+            .map_err(|e| self.err(format!("do_put: malformed stats: {e}")))
+    }
+
+    /// Stores a table.
+    pub async fn put_table(
+        &mut self,
+        name: &str,
+        schema: SchemaRef,
+        batches: Vec<RecordBatch>,
+    ) -> Result<Stats> {
+        let cmd = PutCmd::Table { name: name.into() };
+        let messages: Vec<FlightData> = FlightDataEncoderBuilder::new()
+            .with_schema(schema)
+            .with_max_flight_data_size(MAX_BATCH_MESSAGE)
+            .with_flight_descriptor(Some(Self::descriptor(&cmd)))
+            .build(futures::stream::iter(batches.into_iter().map(Ok)))
+            .try_collect()
+            .await
+            .map_err(|e| self.err(e))?;
+        self.put(messages).await
+    }
+
+    /// Sends raw bytes (an object file or a parity member).
+    pub async fn put_raw(&mut self, cmd: &PutCmd, bytes: Vec<u8>) -> Result<Stats> {
+        let mut messages = vec![FlightData {
+            flight_descriptor: Some(Self::descriptor(cmd)),
+            ..Default::default()
+        }];
+        messages.extend(bytes.chunks(RAW_CHUNK).map(|c| FlightData {
+            data_body: bytes::Bytes::copy_from_slice(c),
+            ..Default::default()
+        }));
+        self.put(messages).await
+    }
+
+    /// Fetches an object file's raw bytes.
+    pub async fn get_object(&mut self, name: &str) -> Result<Vec<u8>> {
+        let ticket =
+            Ticket::new(serde_json::to_vec(&GetCmd::Object { name: name.into() }).expect("json"));
+        let mut stream = self
+            .inner
+            .do_get(ticket)
+            .await
+            .map_err(|s| self.status(s))?
+            .into_inner();
+        let mut out = Vec::new();
+        while let Some(m) = stream.message().await.map_err(|s| self.status(s))? {
+            out.extend_from_slice(&m.data_body);
+        }
+        Ok(out)
+    }
+
+    /// Fetches a table (optionally some row blocks and columns).
+    pub async fn get_table(
+        &mut self,
+        name: &str,
+        stride: Option<[usize; 2]>,
+        columns: Option<Vec<usize>>,
+    ) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+        let cmd = GetCmd::Table {
+            name: name.into(),
+            stride,
+            columns,
+        };
+        let ticket = Ticket::new(serde_json::to_vec(&cmd).expect("json"));
+        let stream = self
+            .inner
+            .do_get(ticket)
+            .await
+            .map_err(|s| self.status(s))?
+            .into_inner();
+        let mut decoded = arrow_flight::decode::FlightRecordBatchStream::new_from_flight_data(
+            stream.map_err(|s| arrow_flight::error::FlightError::Tonic(Box::new(s))),
+        );
+        let mut batches = Vec::new();
+        while let Some(b) = decoded.next().await {
+            batches.push(b.map_err(|e| self.err(e))?);
+        }
+        let schema = decoded
+            .schema()
+            .cloned()
+            .ok_or_else(|| self.err("do_get: no schema"))?;
+        Ok((schema, batches))
+    }
+}
+
+fn code_name(c: tonic::Code) -> &'static str {
+    match c {
+        tonic::Code::InvalidArgument => "refused",
+        tonic::Code::DataLoss => "damaged data",
+        tonic::Code::Unavailable => "unavailable",
+        tonic::Code::Unimplemented => "unsupported",
+        _ => "error",
+    }
+}
+
+fn source_chain(e: &dyn std::error::Error) -> String {
+    let mut s = String::new();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

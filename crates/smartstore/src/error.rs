@@ -1,0 +1,88 @@
+//! The one error type of smartstore. Every variant names what failed: the
+//! node (by role and address), the file, or the plan fragment, so an operator
+//! can act on it without reading code.
+
+use std::path::PathBuf;
+
+/// Result alias used across the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What went wrong, and where.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A node could not be reached, or answered with an error.
+    #[error("node {node}: {message}")]
+    Node {
+        /// The node, as `role index (address)`.
+        node: String,
+        /// What the node said, or why it could not be reached.
+        message: String,
+    },
+    /// A stored object (partition, checkpoint, parity) is damaged.
+    #[error("{}: {message}", path.display())]
+    Object {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// I/O on a file failed.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A plan fragment was malformed or names something that does not exist.
+    #[error("plan fragment: {0}")]
+    Plan(String),
+    /// A request outside what the system accepts (scale factor, node count, ...).
+    #[error("{0}")]
+    Invalid(String),
+    /// Arrow failed to encode or decode data.
+    #[error("arrow: {0}")]
+    Arrow(#[from] arrow::error::ArrowError),
+    /// DataFusion failed to execute an operator.
+    #[error("datafusion: {0}")]
+    DataFusion(#[from] datafusion::error::DataFusionError),
+    /// The redundancy layout could not rebuild the data.
+    #[error("redundancy: {0}")]
+    Redundancy(String),
+}
+
+impl Error {
+    /// An I/O error on `path`.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// A damaged object at `path`.
+    pub fn object(path: impl Into<PathBuf>, message: impl Into<String>) -> Self {
+        Error::Object {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+
+    /// An error attributed to `node`.
+    pub fn node(node: impl Into<String>, message: impl std::fmt::Display) -> Self {
+        Error::Node {
+            node: node.into(),
+            message: message.to_string(),
+        }
+    }
+}
+
+impl From<Error> for tonic::Status {
+    fn from(e: Error) -> Self {
+        match &e {
+            Error::Plan(_) | Error::Invalid(_) => tonic::Status::invalid_argument(e.to_string()),
+            Error::Object { .. } => tonic::Status::data_loss(e.to_string()),
+            _ => tonic::Status::internal(e.to_string()),
+        }
+    }
+}

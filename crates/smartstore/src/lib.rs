@@ -1,0 +1,37 @@
+//! # smartstore: processor-embedded storage nodes with query offload
+//!
+//! Chiu, Choudhary and Kandemir, *Fault Recovery Designs for
+//! Processor-Embedded Distributed Storage Architectures with I/O-Intensive
+//! DB Workloads* (`papers/smart-storage-fault-recovery.txt`). Storage nodes
+//! with embedded processors, organised into storage groups, run the
+//! data-intensive primitives of a query on their own partitions; the host
+//! sends plan fragments and merges the results. This crate builds that
+//! system for real: nodes are processes serving Arrow Flight, operators are
+//! DataFusion's, data is TPC-H `lineitem` from the `tpchgen` crates.
+//!
+//! | paper | here |
+//! |---|---|
+//! | smart node (SD, SM), section 2.2 | [`node::Node`], `rebound node` |
+//! | storage group, mirror group (3.1), parity node (3.4) | [`host::Cluster`], [`host::Layout`] |
+//! | row-wise and column-wise partitions, parity | [`redundancy`] |
+//! | query plan distributed to the nodes (2.3) | [`plan::Fragment`] |
+//! | primitives Scan, Sort, AggGrpSort bundle (2.3, 4.2) | [`plan::Primitive`], [`ops`] |
+//! | checkpoint per primitive (4.2) | [`host::Cluster::checkpoint_all`] |
+//! | HP C2490A disk, MEMS G1 to G3 (5.2, Table 1) | [`devmodel`] |
+//! | Scan and TPC-H Q1 workloads (4) | [`tpch`] |
+//!
+//! Stored objects are checksummed ([`object`]); a damaged one is an error
+//! naming the file, never a wrong answer.
+
+pub mod client;
+pub mod devmodel;
+pub mod error;
+pub mod host;
+pub mod node;
+pub mod object;
+pub mod ops;
+pub mod plan;
+pub mod redundancy;
+pub mod tpch;
+
+pub use error::{Error, Result};

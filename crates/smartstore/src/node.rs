@@ -1,0 +1,1006 @@
+//! A storage node: the paper's smart disk (section 2.2), a process that
+//! holds table partitions and checkpoints in its own directory and runs plan
+//! fragments on them, served over Arrow Flight.
+//!
+//! ## Flight interface
+//!
+//! | call | body | does |
+//! |---|---|---|
+//! | `do_put` | descriptor cmd [`PutCmd`] (JSON), then Arrow data or raw bytes | stores a table, a copy of an object, or folds a member into a parity object |
+//! | `do_get` | ticket [`GetCmd`] (JSON) | streams a table (optionally some row blocks, some columns) or an object file's raw bytes |
+//! | `do_action "run"` | a [`Fragment`](crate::plan::Fragment) | runs the primitive, materialises its output |
+//! | `do_action "checkpoint"` | [`CheckpointCmd`] | sends an object to a mirror node, or into a parity node's parity |
+//! | `do_action "rebuild"` | [`RebuildCmd`] | rebuilds a lost node's object from a mirror group or from parity |
+//! | `do_action "ping"` | none | answers the node's directory and device model |
+//!
+//! Raw bytes travel in `FlightData.data_body`, 1 MiB per message, with an
+//! empty `data_header`. Every action answers one JSON [`Stats`].
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use arrow_flight::encode::FlightDataEncoderBuilder;
+use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
+use arrow_flight::{
+    Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo,
+    HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaResult, Ticket,
+};
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::client::NodeClient;
+use crate::devmodel::DeviceModel;
+use crate::error::{Error, Result};
+use crate::object::{self, Kind};
+use crate::plan::{Fragment, check_object_name};
+use crate::redundancy::{ParityBlock, column_groups};
+
+/// Raw bytes per Flight message.
+pub const RAW_CHUNK: usize = 1 << 20;
+/// Largest gRPC message a node or client accepts.
+pub const MAX_MESSAGE: usize = 64 << 20;
+/// Target size of one record-batch message. Batches are never split below
+/// this (a row block is far smaller), so a row block keeps its boundaries
+/// from node to node: the redundancy layouts rely on that to rebuild a
+/// partition bit-exact.
+pub const MAX_BATCH_MESSAGE: usize = MAX_MESSAGE / 2;
+
+/// Where a node's time went while it served one request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Stats {
+    /// I/O time as charged: the device model's, or the measured time
+    /// without a model.
+    pub io_s: f64,
+    /// I/O time as measured on the node's files.
+    pub io_real_s: f64,
+    /// Operator time (DataFusion), measured.
+    pub compute_s: f64,
+    /// Time spent sending to or fetching from other nodes, measured, less
+    /// the other side's I/O.
+    pub comm_s: f64,
+    /// Bytes read from the node's device.
+    pub bytes_read: u64,
+    /// Bytes written to the node's device.
+    pub bytes_written: u64,
+    /// Bytes sent to or fetched from other nodes.
+    pub bytes_moved: u64,
+    /// Rows produced.
+    pub rows_out: u64,
+}
+
+impl Stats {
+    /// Sum of two requests' stats (sequential work).
+    pub fn plus(&self, o: &Stats) -> Stats {
+        Stats {
+            io_s: self.io_s + o.io_s,
+            io_real_s: self.io_real_s + o.io_real_s,
+            compute_s: self.compute_s + o.compute_s,
+            comm_s: self.comm_s + o.comm_s,
+            bytes_read: self.bytes_read + o.bytes_read,
+            bytes_written: self.bytes_written + o.bytes_written,
+            bytes_moved: self.bytes_moved + o.bytes_moved,
+            rows_out: self.rows_out + o.rows_out,
+        }
+    }
+    /// The time the node was busy, as charged.
+    pub fn busy_s(&self) -> f64 {
+        self.io_s + self.compute_s + self.comm_s
+    }
+}
+
+/// What a `do_put` stores (the first message's descriptor cmd).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum PutCmd {
+    /// Arrow data follows; stored as a table object.
+    Table {
+        /// Object name.
+        name: String,
+    },
+    /// A complete object file follows as raw bytes; stored as is, after
+    /// its checksum is verified.
+    Object {
+        /// Object name.
+        name: String,
+    },
+    /// Member `member` of `members` follows as raw bytes; folded into the
+    /// parity object `name`, which is stored once every member arrived.
+    ParityAdd {
+        /// Parity object name.
+        name: String,
+        /// Which member this is.
+        member: usize,
+        /// How many members the parity covers.
+        members: usize,
+    },
+}
+
+/// What a `do_get` streams (the ticket).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum GetCmd {
+    /// A table object's batches: with `stride = [i, n]` only batches
+    /// `b` with `b % n == i`; with `columns`, only those column indices.
+    Table {
+        /// Object name.
+        name: String,
+        /// Row-block selection.
+        #[serde(default)]
+        stride: Option<[usize; 2]>,
+        /// Column selection.
+        #[serde(default)]
+        columns: Option<Vec<usize>>,
+    },
+    /// An object file's raw bytes, header included.
+    Object {
+        /// Object name.
+        name: String,
+    },
+}
+
+/// Body of the `checkpoint` action.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointCmd {
+    /// Local object sent.
+    pub object: String,
+    /// Address of the receiving node.
+    pub target: String,
+    /// Name it gets there (for parity: the parity object's name).
+    pub as_name: String,
+    /// `Some((member, members))`: fold into the target's parity instead of
+    /// copying.
+    pub parity: Option<(usize, usize)>,
+}
+
+/// Body of the `rebuild` action: rebuild a lost main node's object here.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum RebuildCmd {
+    /// From the mirror group's column-wise copy: every mirror node `j`
+    /// holds columns `column_groups(.., nodes)[j]` of every row block in
+    /// `cols_object`; the lost node `member` held blocks `b % nodes ==
+    /// member`. Read in parallel from every mirror node (section 3.1).
+    MirrorColumns {
+        /// Mirror nodes' addresses, by index.
+        sources: Vec<String>,
+        /// Their column-wise object.
+        cols_object: String,
+        /// Lost main node's index.
+        member: usize,
+        /// Object name written here.
+        name: String,
+    },
+    /// A copy of one object held by one node (a checkpoint on the mirror).
+    Copy {
+        /// Holder's address.
+        source: String,
+        /// Object there.
+        object: String,
+        /// Object name written here.
+        name: String,
+    },
+    /// XOR of the parity and every surviving member (section 3.4).
+    Parity {
+        /// Parity node's address and object.
+        parity: (String, String),
+        /// Surviving members: index, address, object.
+        survivors: Vec<(usize, String, String)>,
+        /// Lost member's index.
+        member: usize,
+        /// Object name written here.
+        name: String,
+    },
+}
+
+struct PendingParity {
+    block: ParityBlock,
+    arrived: Vec<bool>,
+}
+
+/// A storage node's state.
+#[derive(Debug)]
+pub struct Node {
+    dir: PathBuf,
+    model: DeviceModel,
+    inner: Mutex<Inner>,
+}
+
+/// An object in the node's memory: its decoded table, its file bytes, or
+/// both. Primitive outputs live here; the next primitive, a checkpoint or
+/// the host's fetch reads them without device I/O.
+#[derive(Default)]
+struct Held {
+    table: Option<(SchemaRef, Vec<RecordBatch>)>,
+    file: Option<Arc<Vec<u8>>>,
+    bytes: usize,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Held objects, oldest first; at most [`MEMORY_BUDGET`] bytes.
+    held: Vec<(String, Held)>,
+    parity: HashMap<String, PendingParity>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inner")
+            .field("held", &self.held.iter().map(|h| &h.0).collect::<Vec<_>>())
+            .field("parity", &self.parity.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+/// Memory a node keeps objects in. The paper's nodes had 64 MB; a
+/// primitive's output at scale factor 1 on 4 nodes is about 110 MB, so a
+/// node here holds up to 1 GiB and drops the oldest objects beyond it
+/// (objects on the device are read back; memory-only ones are lost, and
+/// the next fragment naming them fails with an error naming the object).
+pub const MEMORY_BUDGET: usize = 1 << 30;
+
+/// Where a stored object goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// Written to the device and synced: base partitions, which nothing
+    /// else can restore on this node.
+    Durable,
+    /// Written to the device, not synced: materialised primitive outputs
+    /// and checkpoints. They protect against the loss of a *node* (the
+    /// copy is on another node); a power loss of the whole cluster
+    /// restarts the query.
+    Device,
+    /// Kept in memory only (a primitive's output when the query does not
+    /// checkpoint).
+    Memory,
+}
+
+impl Inner {
+    fn get(&self, name: &str) -> Option<&Held> {
+        self.held.iter().find(|h| h.0 == name).map(|h| &h.1)
+    }
+
+    fn put(&mut self, name: &str, held: Held) {
+        self.held.retain(|h| h.0 != name);
+        self.held.push((name.to_string(), held));
+        let mut total: usize = self.held.iter().map(|h| h.1.bytes).sum();
+        while total > MEMORY_BUDGET && self.held.len() > 1 {
+            total -= self.held.remove(0).1.bytes;
+        }
+    }
+}
+
+impl Node {
+    /// A node over `dir` (created if missing), charging I/O to `model`.
+    pub fn open(dir: &Path, model: DeviceModel) -> Result<Arc<Node>> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        Ok(Arc::new(Node {
+            dir: dir.to_path_buf(),
+            model,
+            inner: Mutex::new(Inner::default()),
+        }))
+    }
+
+    /// The node's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn path(&self, name: &str) -> Result<PathBuf> {
+        check_object_name(name)?;
+        Ok(self.dir.join(format!("{name}.obj")))
+    }
+
+    fn charge(&self, bytes: u64, measured: Duration, stats: &mut Stats) {
+        stats.io_real_s += measured.as_secs_f64();
+        stats.io_s += self.model.charge(bytes).unwrap_or(measured).as_secs_f64();
+    }
+
+    /// A whole object file (checked): from memory when held, encoded from
+    /// the held table for a memory-only object, else read off the device.
+    pub fn load(&self, name: &str, stats: &mut Stats) -> Result<Arc<Vec<u8>>> {
+        let table = {
+            let inner = self.inner.lock();
+            match inner.get(name) {
+                Some(Held { file: Some(f), .. }) => return Ok(f.clone()),
+                Some(Held { table: Some(t), .. }) => Some(t.clone()),
+                _ => None,
+            }
+        };
+        if let Some((schema, batches)) = table {
+            let t = Instant::now();
+            let file = Arc::new(object::encode(
+                Kind::Table,
+                &object::ipc_encode(&schema, &batches)?,
+            ));
+            stats.compute_s += t.elapsed().as_secs_f64();
+            return Ok(file);
+        }
+        let path = self.path(name)?;
+        let t = Instant::now();
+        let file = object::read_file(&path)?;
+        self.charge(file.len() as u64, t.elapsed(), stats);
+        stats.bytes_read += file.len() as u64;
+        Ok(Arc::new(file))
+    }
+
+    /// Stores a whole object file (its checksum already verified).
+    pub fn store(
+        &self,
+        name: &str,
+        file: Vec<u8>,
+        placement: Placement,
+        stats: &mut Stats,
+    ) -> Result<()> {
+        let path = self.path(name)?;
+        if placement != Placement::Memory {
+            let t = Instant::now();
+            object::write_file(&path, &file, placement == Placement::Durable)?;
+            self.charge(file.len() as u64, t.elapsed(), stats);
+            stats.bytes_written += file.len() as u64;
+        }
+        let bytes = file.len();
+        self.inner.lock().put(
+            name,
+            Held {
+                table: None,
+                file: Some(Arc::new(file)),
+                bytes,
+            },
+        );
+        Ok(())
+    }
+
+    /// Reads a table object, decoding only the `columns` named (all when
+    /// `None`).
+    pub fn load_table(
+        &self,
+        name: &str,
+        columns: Option<&[String]>,
+        stats: &mut Stats,
+    ) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+        let path = self.path(name)?;
+        let held_table = self.inner.lock().get(name).and_then(|h| h.table.clone());
+        let t;
+        let (schema, batches) = match held_table {
+            Some(tb) => {
+                t = Instant::now();
+                tb
+            }
+            None => {
+                let file = self.load(name, stats)?;
+                t = Instant::now();
+                let (kind, payload) = object::decode(&path, &file)?;
+                if kind != Kind::Table {
+                    return Err(Error::object(&path, "is not a table"));
+                }
+                let projection = match columns {
+                    Some(cols) => Some(object::ipc_projection(&path, payload, cols)?),
+                    None => None,
+                };
+                object::ipc_decode_projected(&path, payload, projection)?
+            }
+        };
+        let out = match columns {
+            Some(cols)
+                if schema.fields().len() != cols.len()
+                    || schema.fields().iter().zip(cols).any(|(f, c)| f.name() != c) =>
+            {
+                let idx = cols
+                    .iter()
+                    .map(|c| {
+                        schema
+                            .index_of(c)
+                            .map_err(|_| Error::Plan(format!("unknown column {c:?} in {name}")))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let s = Arc::new(schema.project(&idx)?);
+                let b = batches
+                    .iter()
+                    .map(|b| b.project(&idx))
+                    .collect::<Result<Vec<_>, _>>()?;
+                (s, b)
+            }
+            _ => (schema, batches),
+        };
+        stats.compute_s += t.elapsed().as_secs_f64();
+        Ok(out)
+    }
+
+    /// Stores a table object.
+    pub fn store_table(
+        &self,
+        name: &str,
+        schema: &SchemaRef,
+        batches: Vec<RecordBatch>,
+        placement: Placement,
+        stats: &mut Stats,
+    ) -> Result<()> {
+        let path = self.path(name)?;
+        let bytes: usize = batches.iter().map(|b| b.get_array_memory_size()).sum();
+        let mut held = Held {
+            table: Some((schema.clone(), batches)),
+            file: None,
+            bytes,
+        };
+        if placement != Placement::Memory {
+            let t = Instant::now();
+            let (_, b) = held.table.as_ref().expect("just set");
+            let file = object::encode(Kind::Table, &object::ipc_encode(schema, b)?);
+            stats.compute_s += t.elapsed().as_secs_f64();
+            let t = Instant::now();
+            object::write_file(&path, &file, placement == Placement::Durable)?;
+            self.charge(file.len() as u64, t.elapsed(), stats);
+            stats.bytes_written += file.len() as u64;
+            held.bytes += file.len();
+            held.file = Some(Arc::new(file));
+        } else {
+            // A memory-only object replaces any older file of that name.
+            let _ = std::fs::remove_file(&path);
+        }
+        if placement == Placement::Durable {
+            // Base data lives on the device: a query reads it from there,
+            // as the paper's Scan does.
+            self.inner.lock().held.retain(|h| h.0 != name);
+        } else {
+            self.inner.lock().put(name, held);
+        }
+        Ok(())
+    }
+
+    /// Runs a fragment: reads its input (only the columns a Scan needs),
+    /// runs the primitive, materialises the output.
+    pub async fn run(&self, fragment: &Fragment) -> Result<Stats> {
+        let mut stats = Stats::default();
+        let needed = fragment.primitive.input_columns();
+        let (schema, batches) = self.load_table(&fragment.input, needed.as_deref(), &mut stats)?;
+        let t = Instant::now();
+        let (out_schema, out) = crate::ops::run(&fragment.primitive, schema, batches).await?;
+        stats.rows_out = out.iter().map(|b| b.num_rows() as u64).sum();
+        stats.compute_s += t.elapsed().as_secs_f64();
+        let placement = if fragment.materialize {
+            Placement::Device
+        } else {
+            Placement::Memory
+        };
+        self.store_table(&fragment.output, &out_schema, out, placement, &mut stats)?;
+        Ok(stats)
+    }
+
+    /// Sends an object to another node (mirror copy or parity member).
+    pub async fn checkpoint(&self, cmd: &CheckpointCmd) -> Result<Stats> {
+        let mut stats = Stats::default();
+        let file = self.load(&cmd.object, &mut stats)?;
+        let put = match cmd.parity {
+            Some((member, members)) => PutCmd::ParityAdd {
+                name: cmd.as_name.clone(),
+                member,
+                members,
+            },
+            None => PutCmd::Object {
+                name: cmd.as_name.clone(),
+            },
+        };
+        let t = Instant::now();
+        let mut peer =
+            NodeClient::connect(&cmd.target, &format!("checkpoint target {}", cmd.target)).await?;
+        let remote = peer.put_raw(&put, (*file).clone()).await?;
+        stats.comm_s += (t.elapsed().as_secs_f64() - remote.io_real_s).max(0.0);
+        stats.io_s += remote.io_s;
+        stats.io_real_s += remote.io_real_s;
+        stats.bytes_moved += file.len() as u64;
+        Ok(stats)
+    }
+
+    /// Rebuilds a lost node's object here.
+    pub async fn rebuild(&self, cmd: &RebuildCmd) -> Result<Stats> {
+        let mut stats = Stats::default();
+        let t = Instant::now();
+        match cmd {
+            RebuildCmd::Copy {
+                source,
+                object,
+                name,
+            } => {
+                let mut peer = NodeClient::connect(source, &format!("source {source}")).await?;
+                let file = peer.get_object(object).await?;
+                stats.bytes_moved += file.len() as u64;
+                stats.comm_s += t.elapsed().as_secs_f64();
+                // The source read the object off its device.
+                stats.io_s += self
+                    .model
+                    .charge(file.len() as u64)
+                    .map_or(0.0, |d| d.as_secs_f64());
+                object::decode(&self.path(name)?, &file)?;
+                self.store(name, file, Placement::Device, &mut stats)?;
+            }
+            RebuildCmd::MirrorColumns {
+                sources,
+                cols_object,
+                member,
+                name,
+            } => {
+                let nodes = sources.len();
+                // Parallel reads: each mirror node sends its columns of the
+                // lost node's row blocks.
+                let fetches = sources.iter().enumerate().map(|(j, addr)| {
+                    let cols_object = cols_object.clone();
+                    let addr = addr.clone();
+                    async move {
+                        let mut peer =
+                            NodeClient::connect(&addr, &format!("mirror {j} ({addr})")).await?;
+                        peer.get_table(&cols_object, Some([*member, nodes]), None)
+                            .await
+                    }
+                });
+                let parts = futures::future::try_join_all(fetches).await?;
+                let fetched = t.elapsed();
+                let mut moved = 0u64;
+                let mut max_src = 0u64;
+                for (_, batches) in &parts {
+                    let b: u64 = batches
+                        .iter()
+                        .map(|b| b.get_array_memory_size() as u64)
+                        .sum();
+                    moved += b;
+                    max_src = max_src.max(b);
+                }
+                stats.bytes_moved += moved;
+                stats.comm_s += fetched.as_secs_f64();
+                // Each source read its share off its device, in parallel.
+                stats.io_s += self.model.charge(max_src).map_or(0.0, |d| d.as_secs_f64());
+                let c = Instant::now();
+                let (schema, batches) = zip_columns(&parts)?;
+                let payload = object::ipc_encode(&schema, &batches)?;
+                stats.compute_s += c.elapsed().as_secs_f64();
+                let _ = column_groups; // layout documented in RebuildCmd
+                self.store(
+                    name,
+                    object::encode(Kind::Table, &payload),
+                    Placement::Device,
+                    &mut stats,
+                )?;
+            }
+            RebuildCmd::Parity {
+                parity,
+                survivors,
+                member,
+                name,
+            } => {
+                let mut all = vec![(parity.0.clone(), parity.1.clone(), "parity".to_string())];
+                for (i, addr, obj) in survivors {
+                    all.push((addr.clone(), obj.clone(), format!("data {i}")));
+                }
+                let fetches = all.iter().map(|(addr, obj, role)| async move {
+                    let mut peer = NodeClient::connect(addr, &format!("{role} ({addr})")).await?;
+                    peer.get_object(obj).await
+                });
+                let files = futures::future::try_join_all(fetches).await?;
+                stats.comm_s += t.elapsed().as_secs_f64();
+                let largest = files.iter().map(|f| f.len() as u64).max().unwrap_or(0);
+                stats.bytes_moved += files.iter().map(|f| f.len() as u64).sum::<u64>();
+                stats.io_s += self.model.charge(largest).map_or(0.0, |d| d.as_secs_f64());
+                let c = Instant::now();
+                let ppath = PathBuf::from(format!("{}:{}", parity.0, parity.1));
+                let (kind, payload) = object::decode(&ppath, &files[0])?;
+                if kind != Kind::Raw {
+                    return Err(Error::object(ppath, "is not a parity object"));
+                }
+                let block = ParityBlock::from_bytes(payload)?;
+                let surv: Vec<(usize, &[u8])> = survivors
+                    .iter()
+                    .zip(&files[1..])
+                    .map(|((i, _, _), f)| (*i, f.as_slice()))
+                    .collect();
+                let file = block.rebuild(*member, &surv)?;
+                stats.compute_s += c.elapsed().as_secs_f64();
+                object::decode(&self.path(name)?, &file)?;
+                self.store(name, file, Placement::Device, &mut stats)?;
+            }
+        }
+        Ok(stats)
+    }
+
+    /// Receives a raw object file or parity member.
+    fn receive_raw(&self, cmd: &PutCmd, bytes: Vec<u8>) -> Result<Stats> {
+        let mut stats = Stats::default();
+        match cmd {
+            PutCmd::Object { name } => {
+                object::decode(&self.path(name)?, &bytes)?;
+                self.store(name, bytes, Placement::Device, &mut stats)?;
+            }
+            PutCmd::ParityAdd {
+                name,
+                member,
+                members,
+            } => {
+                let path = self.path(name)?;
+                if *members == 0 || member >= members {
+                    return Err(Error::Plan(format!("parity member {member} of {members}")));
+                }
+                let done = {
+                    let mut inner = self.inner.lock();
+                    let p = inner
+                        .parity
+                        .entry(name.clone())
+                        .or_insert_with(|| PendingParity {
+                            block: ParityBlock::new(*members),
+                            arrived: vec![false; *members],
+                        });
+                    if p.arrived.len() != *members || p.arrived[*member] {
+                        return Err(Error::Plan(format!(
+                            "parity {name}: member {member} of {members} repeated or counts disagree"
+                        )));
+                    }
+                    p.block.add(*member, &bytes);
+                    p.arrived[*member] = true;
+                    if p.arrived.iter().all(|a| *a) {
+                        inner.parity.remove(name).map(|p| p.block)
+                    } else {
+                        None
+                    }
+                };
+                if let Some(block) = done {
+                    let _ = &path;
+                    self.store(
+                        name,
+                        object::encode(Kind::Raw, &block.to_bytes()),
+                        Placement::Device,
+                        &mut stats,
+                    )?;
+                }
+            }
+            PutCmd::Table { .. } => unreachable!("tables are decoded by do_put"),
+        }
+        Ok(stats)
+    }
+}
+
+/// Joins the mirror nodes' column groups back into full row blocks.
+fn zip_columns(parts: &[(SchemaRef, Vec<RecordBatch>)]) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+    let blocks = parts.first().map_or(0, |p| p.1.len());
+    if parts.iter().any(|p| p.1.len() != blocks) {
+        return Err(Error::Redundancy(
+            "mirror nodes disagree on the number of row blocks".into(),
+        ));
+    }
+    let fields: Vec<_> = parts
+        .iter()
+        .flat_map(|p| p.0.fields().iter().cloned())
+        .collect();
+    let schema = Arc::new(arrow::datatypes::Schema::new(fields));
+    let mut out = Vec::with_capacity(blocks);
+    for b in 0..blocks {
+        let cols: Vec<_> = parts
+            .iter()
+            .flat_map(|p| p.1[b].columns().iter().cloned())
+            .collect();
+        out.push(RecordBatch::try_new(schema.clone(), cols)?);
+    }
+    Ok((schema, out))
+}
+
+fn parse<T: for<'de> Deserialize<'de>>(what: &str, bytes: &[u8]) -> Result<T, Status> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| Status::invalid_argument(format!("malformed {what}: {e}")))
+}
+
+fn stats_json(s: &Stats) -> bytes::Bytes {
+    serde_json::to_vec(s).expect("stats serialise").into()
+}
+
+/// The Flight service over a [`Node`].
+#[derive(Debug, Clone)]
+pub struct NodeService(pub Arc<Node>);
+
+type Stream<T> = BoxStream<'static, Result<T, Status>>;
+
+#[tonic::async_trait]
+impl FlightService for NodeService {
+    type HandshakeStream = Stream<HandshakeResponse>;
+    type ListFlightsStream = Stream<FlightInfo>;
+    type DoGetStream = Stream<FlightData>;
+    type DoPutStream = Stream<PutResult>;
+    type DoActionStream = Stream<arrow_flight::Result>;
+    type ListActionsStream = Stream<ActionType>;
+    type DoExchangeStream = Stream<FlightData>;
+
+    async fn handshake(
+        &self,
+        _: Request<Streaming<HandshakeRequest>>,
+    ) -> Result<Response<Self::HandshakeStream>, Status> {
+        Err(Status::unimplemented(
+            "handshake: no authentication on storage nodes",
+        ))
+    }
+    async fn list_flights(
+        &self,
+        _: Request<Criteria>,
+    ) -> Result<Response<Self::ListFlightsStream>, Status> {
+        Err(Status::unimplemented("list_flights"))
+    }
+    async fn get_flight_info(
+        &self,
+        _: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        Err(Status::unimplemented("get_flight_info"))
+    }
+    async fn poll_flight_info(
+        &self,
+        _: Request<FlightDescriptor>,
+    ) -> Result<Response<PollInfo>, Status> {
+        Err(Status::unimplemented("poll_flight_info"))
+    }
+    async fn get_schema(
+        &self,
+        _: Request<FlightDescriptor>,
+    ) -> Result<Response<SchemaResult>, Status> {
+        Err(Status::unimplemented("get_schema"))
+    }
+    async fn do_exchange(
+        &self,
+        _: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoExchangeStream>, Status> {
+        Err(Status::unimplemented("do_exchange"))
+    }
+
+    async fn do_get(
+        &self,
+        request: Request<Ticket>,
+    ) -> Result<Response<Self::DoGetStream>, Status> {
+        let cmd: GetCmd = parse("ticket", &request.into_inner().ticket)?;
+        let node = self.0.clone();
+        let mut stats = Stats::default();
+        match cmd {
+            GetCmd::Object { name } => {
+                let file = node.load(&name, &mut stats)?;
+                let chunks: Vec<FlightData> = file
+                    .chunks(RAW_CHUNK)
+                    .map(|c| FlightData {
+                        data_body: bytes::Bytes::copy_from_slice(c),
+                        ..Default::default()
+                    })
+                    .collect();
+                Ok(Response::new(
+                    futures::stream::iter(chunks.into_iter().map(Ok)).boxed(),
+                ))
+            }
+            GetCmd::Table {
+                name,
+                stride,
+                columns,
+            } => {
+                let (schema, batches) = node.load_table(&name, None, &mut stats)?;
+                if let Some([i, n]) = stride
+                    && (n == 0 || i >= n)
+                {
+                    return Err(Status::invalid_argument(format!("stride [{i}, {n}]")));
+                }
+                let (schema, batches) = match &columns {
+                    Some(cols) => {
+                        if let Some(c) = cols.iter().find(|&&c| c >= schema.fields().len()) {
+                            return Err(Status::invalid_argument(format!(
+                                "column index {c} out of range"
+                            )));
+                        }
+                        let s = Arc::new(schema.project(cols).map_err(Error::from)?);
+                        let b = batches
+                            .iter()
+                            .map(|b| b.project(cols))
+                            .collect::<Result<Vec<_>, _>>()
+                            .map_err(Error::from)?;
+                        (s, b)
+                    }
+                    None => (schema, batches),
+                };
+                let batches: Vec<RecordBatch> = batches
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(b, _)| stride.is_none_or(|[i, n]| b % n == i))
+                    .map(|(_, b)| b)
+                    .collect();
+                let stream = FlightDataEncoderBuilder::new()
+                    .with_schema(schema)
+                    .with_max_flight_data_size(MAX_BATCH_MESSAGE)
+                    .build(futures::stream::iter(batches.into_iter().map(Ok)))
+                    .map_err(|e| Status::internal(e.to_string()));
+                Ok(Response::new(stream.boxed()))
+            }
+        }
+    }
+
+    async fn do_put(
+        &self,
+        request: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoPutStream>, Status> {
+        let mut stream = request.into_inner();
+        let first = stream
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("do_put: empty stream"))?;
+        let desc = first
+            .flight_descriptor
+            .as_ref()
+            .ok_or_else(|| Status::invalid_argument("do_put: first message lacks a descriptor"))?;
+        let cmd: PutCmd = parse("put descriptor", &desc.cmd)?;
+        let node = self.0.clone();
+        let stats = match &cmd {
+            PutCmd::Table { name } => {
+                let rest = futures::stream::once(async move { Ok(first) })
+                    .chain(stream)
+                    .map_err(|s| arrow_flight::error::FlightError::Tonic(Box::new(s)));
+                let mut decoded =
+                    arrow_flight::decode::FlightRecordBatchStream::new_from_flight_data(rest);
+                let mut batches = Vec::new();
+                while let Some(b) = decoded.next().await {
+                    batches.push(b.map_err(|e| Status::invalid_argument(format!("do_put: {e}")))?);
+                }
+                let schema = decoded
+                    .schema()
+                    .cloned()
+                    .ok_or_else(|| Status::invalid_argument("do_put: no schema"))?;
+                let mut stats = Stats::default();
+                node.store_table(name, &schema, batches, Placement::Durable, &mut stats)?;
+                stats
+            }
+            _ => {
+                let mut bytes = first.data_body.to_vec();
+                while let Some(m) = stream.message().await? {
+                    bytes.extend_from_slice(&m.data_body);
+                }
+                node.receive_raw(&cmd, bytes)?
+            }
+        };
+        let out = PutResult {
+            app_metadata: stats_json(&stats),
+        };
+        Ok(Response::new(futures::stream::iter([Ok(out)]).boxed()))
+    }
+
+    async fn do_action(
+        &self,
+        request: Request<Action>,
+    ) -> Result<Response<Self::DoActionStream>, Status> {
+        let action = request.into_inner();
+        let node = self.0.clone();
+        let stats = match action.r#type.as_str() {
+            "run" => {
+                let f = Fragment::from_json(&action.body)?;
+                node.run(&f).await?
+            }
+            "checkpoint" => node.checkpoint(&parse("checkpoint", &action.body)?).await?,
+            "rebuild" => node.rebuild(&parse("rebuild", &action.body)?).await?,
+            "ping" => {
+                let info = serde_json::json!({"dir": node.dir, "device_model": node.model.name()});
+                let r = arrow_flight::Result {
+                    body: serde_json::to_vec(&info).expect("json").into(),
+                };
+                return Ok(Response::new(futures::stream::iter([Ok(r)]).boxed()));
+            }
+            other => {
+                return Err(Status::invalid_argument(format!(
+                    "unknown action {other:?}"
+                )));
+            }
+        };
+        let r = arrow_flight::Result {
+            body: stats_json(&stats),
+        };
+        Ok(Response::new(futures::stream::iter([Ok(r)]).boxed()))
+    }
+
+    async fn list_actions(
+        &self,
+        _: Request<Empty>,
+    ) -> Result<Response<Self::ListActionsStream>, Status> {
+        let actions = [
+            ("run", "run a plan fragment"),
+            ("checkpoint", "send an object to a mirror or parity node"),
+            ("rebuild", "rebuild a lost node's object here"),
+            ("ping", "node information"),
+        ]
+        .map(|(t, d)| {
+            Ok(ActionType {
+                r#type: t.into(),
+                description: d.into(),
+            })
+        });
+        Ok(Response::new(futures::stream::iter(actions).boxed()))
+    }
+}
+
+/// Serves `node` on `listener` until `shutdown` completes.
+pub async fn serve(
+    node: Arc<Node>,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<()> {
+    let svc = FlightServiceServer::new(NodeService(node))
+        .max_decoding_message_size(MAX_MESSAGE)
+        .max_encoding_message_size(MAX_MESSAGE);
+    tonic::transport::Server::builder()
+        .add_service(svc)
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listener),
+            shutdown,
+        )
+        .await
+        .map_err(|e| Error::node("self", e))
+}
+
+/// A node served on its own thread and runtime inside this process (tests
+/// and single-process runs); dropped, it stops.
+#[derive(Debug)]
+pub struct InProcessNode {
+    /// Address it listens on.
+    pub addr: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl InProcessNode {
+    /// Starts a node over `dir` on an ephemeral loopback port.
+    pub fn start(dir: &Path, model: DeviceModel) -> Result<InProcessNode> {
+        let node = Node::open(dir, model)?;
+        let std_listener =
+            std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::io(dir, e))?;
+        std_listener
+            .set_nonblocking(true)
+            .map_err(|e| Error::io(dir, e))?;
+        let addr = std_listener
+            .local_addr()
+            .map_err(|e| Error::io(dir, e))?
+            .to_string();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name(format!("node-{addr}"))
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()
+                    .expect("node runtime");
+                rt.block_on(async move {
+                    let listener =
+                        tokio::net::TcpListener::from_std(std_listener).expect("listener");
+                    let _ = serve(node, listener, async {
+                        let _ = rx.await;
+                    })
+                    .await;
+                });
+            })
+            .map_err(|e| Error::io(dir, e))?;
+        Ok(InProcessNode {
+            addr,
+            stop: Some(tx),
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops the node and waits for it.
+    pub fn stop(mut self) {
+        self.halt();
+    }
+
+    fn halt(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for InProcessNode {
+    fn drop(&mut self) {
+        self.halt();
+    }
+}

@@ -1,0 +1,291 @@
+//! Running the primitives with DataFusion on one node's data.
+//!
+//! Each storage node runs its fragment on its own partition (section 2.3 of
+//! the smart-storage paper): the operators are DataFusion's, over an
+//! in-memory table of the node's batches, with one target partition (one
+//! embedded processor per node).
+
+use std::sync::Arc;
+
+use arrow::datatypes::{DataType, SchemaRef};
+use arrow::record_batch::RecordBatch;
+use datafusion::datasource::MemTable;
+use datafusion::functions_aggregate::expr_fn as agg;
+use datafusion::prelude::*;
+use datafusion::scalar::ScalarValue;
+
+use crate::error::{Error, Result};
+use crate::plan::{AggFunc, Cmp, Primitive, Value};
+
+/// Sorts whose input is smaller than this concatenate and sort once
+/// instead of sorting each batch and merging.
+pub const SORT_IN_PLACE_BYTES: usize = 512 << 20;
+
+/// A DataFusion context for one embedded processor.
+pub fn context() -> SessionContext {
+    let config = SessionConfig::new()
+        .with_target_partitions(1)
+        .with_batch_size(16 * 1024)
+        .set_usize(
+            "datafusion.execution.sort_in_place_threshold_bytes",
+            SORT_IN_PLACE_BYTES,
+        );
+    SessionContext::new_with_config(config)
+}
+
+/// A DataFrame over `batches` (which may be empty) with `schema`.
+pub fn frame(
+    ctx: &SessionContext,
+    schema: SchemaRef,
+    batches: Vec<RecordBatch>,
+) -> Result<DataFrame> {
+    let table = MemTable::try_new(schema, vec![batches])?;
+    Ok(ctx.read_table(Arc::new(table))?)
+}
+
+/// Runs `primitive` over `batches`; returns the output's schema and batches.
+pub async fn run(
+    primitive: &Primitive,
+    schema: SchemaRef,
+    batches: Vec<RecordBatch>,
+) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+    let ctx = context();
+    let df = frame(&ctx, schema.clone(), batches)?;
+    let df = match primitive {
+        Primitive::Scan { filter, columns } => {
+            let mut df = df;
+            if let Some(pred) = filter
+                .iter()
+                .map(|p| {
+                    let l = expr(&p.left, &schema)?;
+                    let r = expr(&p.right, &schema)?;
+                    Ok(match p.cmp {
+                        Cmp::Lt => l.lt(r),
+                        Cmp::Le => l.lt_eq(r),
+                        Cmp::Eq => l.eq(r),
+                        Cmp::Ge => l.gt_eq(r),
+                        Cmp::Gt => l.gt(r),
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?
+                .into_iter()
+                .reduce(Expr::and)
+            {
+                df = df.filter(pred)?;
+            }
+            if let Some(cols) = columns {
+                let exprs = cols
+                    .iter()
+                    .map(|c| column(c, &schema))
+                    .collect::<Result<Vec<_>>>()?;
+                df = df.select(exprs)?;
+            }
+            df
+        }
+        Primitive::Sort { keys } => {
+            let exprs = keys
+                .iter()
+                .map(|k| Ok(column(&k.column, &schema)?.sort(!k.descending, false)))
+                .collect::<Result<Vec<_>>>()?;
+            df.sort(exprs)?
+        }
+        Primitive::AggGrpSort {
+            group_by,
+            aggregates,
+        } => {
+            let groups = group_by
+                .iter()
+                .map(|c| column(c, &schema))
+                .collect::<Result<Vec<_>>>()?;
+            let aggs = aggregates
+                .iter()
+                .map(|a| {
+                    let arg = expr(&a.arg, &schema)?;
+                    let e = match a.func {
+                        AggFunc::Sum => agg::sum(arg),
+                        AggFunc::Count => agg::count(arg),
+                        AggFunc::Avg => agg::avg(arg),
+                        AggFunc::Min => agg::min(arg),
+                        AggFunc::Max => agg::max(arg),
+                    };
+                    Ok(e.alias(&a.name))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let sort = group_by
+                .iter()
+                .map(|c| col(ident(c)).sort(true, false))
+                .collect();
+            df.aggregate(groups, aggs)?.sort(sort)?
+        }
+    };
+    let out_schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
+    let batches = df.collect().await?;
+    Ok((out_schema, batches))
+}
+
+/// A quoted column name, so case and dots are kept as given.
+fn ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+fn column(name: &str, schema: &SchemaRef) -> Result<Expr> {
+    if schema.field_with_name(name).is_err() {
+        let have: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+        return Err(Error::Plan(format!(
+            "unknown column {name:?} (have {})",
+            have.join(", ")
+        )));
+    }
+    Ok(col(ident(name)))
+}
+
+/// Converts a plan [`Value`] to a DataFusion expression, checking columns
+/// against `schema`.
+pub fn expr(v: &Value, schema: &SchemaRef) -> Result<Expr> {
+    Ok(match v {
+        Value::Column(c) => column(c, schema)?,
+        Value::Decimal(s) => lit(decimal(s)?),
+        Value::Date(s) => lit(ScalarValue::Date32(Some(date32(s)?))),
+        Value::Int(i) => lit(*i),
+        Value::Str(s) => lit(s.as_str()),
+        Value::Add(a, b) => expr(a, schema)? + expr(b, schema)?,
+        Value::Sub(a, b) => expr(a, schema)? - expr(b, schema)?,
+        Value::Mul(a, b) => expr(a, schema)? * expr(b, schema)?,
+    })
+}
+
+/// Parses a decimal literal (`-12.345`) into a Decimal128 scalar.
+pub fn decimal(s: &str) -> Result<ScalarValue> {
+    let bad = || Error::Plan(format!("bad decimal literal {s:?}"));
+    let (neg, digits) = match s.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, s),
+    };
+    let (int, frac) = digits.split_once('.').unwrap_or((digits, ""));
+    if int.is_empty()
+        || !int.bytes().all(|b| b.is_ascii_digit())
+        || !frac.bytes().all(|b| b.is_ascii_digit())
+    {
+        return Err(bad());
+    }
+    let all = format!("{int}{frac}");
+    if all.len() > 38 {
+        return Err(bad());
+    }
+    let mut v: i128 = all.parse().map_err(|_| bad())?;
+    if neg {
+        v = -v;
+    }
+    let precision = all.len().max(1) as u8;
+    Ok(ScalarValue::Decimal128(
+        Some(v),
+        precision,
+        frac.len() as i8,
+    ))
+}
+
+/// Days since 1970-01-01 of a `YYYY-MM-DD` date.
+pub fn date32(s: &str) -> Result<i32> {
+    let bad = || Error::Plan(format!("bad date literal {s:?} (want YYYY-MM-DD)"));
+    let parts: Vec<&str> = s.split('-').collect();
+    if parts.len() != 3 {
+        return Err(bad());
+    }
+    let y: i64 = parts[0].parse().map_err(|_| bad())?;
+    let m: i64 = parts[1].parse().map_err(|_| bad())?;
+    let d: i64 = parts[2].parse().map_err(|_| bad())?;
+    let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    let mdays = [
+        31,
+        if leap { 29 } else { 28 },
+        31,
+        30,
+        31,
+        30,
+        31,
+        31,
+        30,
+        31,
+        30,
+        31,
+    ];
+    if !(1..=12).contains(&m) || d < 1 || d > mdays[(m - 1) as usize] {
+        return Err(bad());
+    }
+    // Days from civil (Howard Hinnant's algorithm).
+    let y2 = if m <= 2 { y - 1 } else { y };
+    let era = if y2 >= 0 { y2 } else { y2 - 399 } / 400;
+    let yoe = y2 - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    Ok((era * 146097 + doe - 719468) as i32)
+}
+
+/// Casts every Utf8View column to Utf8, so stored partitions use the plain
+/// string layout every reader (and the IPC encoding) handles the same way.
+pub fn plain_strings(batch: &RecordBatch) -> Result<RecordBatch> {
+    let schema = batch.schema();
+    if !schema
+        .fields()
+        .iter()
+        .any(|f| f.data_type() == &DataType::Utf8View)
+    {
+        return Ok(batch.clone());
+    }
+    let fields: Vec<_> = schema
+        .fields()
+        .iter()
+        .map(|f| {
+            if f.data_type() == &DataType::Utf8View {
+                Arc::new(f.as_ref().clone().with_data_type(DataType::Utf8))
+            } else {
+                f.clone()
+            }
+        })
+        .collect();
+    let cols = batch
+        .columns()
+        .iter()
+        .map(|c| {
+            if c.data_type() == &DataType::Utf8View {
+                arrow::compute::cast(c, &DataType::Utf8)
+            } else {
+                Ok(c.clone())
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(RecordBatch::try_new(
+        Arc::new(arrow::datatypes::Schema::new(fields)),
+        cols,
+    )?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates_convert_to_days_since_the_epoch() {
+        assert_eq!(date32("1970-01-01").unwrap(), 0);
+        assert_eq!(date32("1998-09-02").unwrap(), 10471);
+        assert_eq!(date32("2000-03-01").unwrap(), 11017);
+        assert!(date32("1998-02-30").is_err());
+        assert!(date32("1998-9").is_err());
+    }
+
+    #[test]
+    fn decimals_parse_exactly() {
+        assert_eq!(
+            decimal("1.00").unwrap(),
+            ScalarValue::Decimal128(Some(100), 3, 2)
+        );
+        assert_eq!(
+            decimal("-0.5").unwrap(),
+            ScalarValue::Decimal128(Some(-5), 2, 1)
+        );
+        for bad in ["", "1.2.3", "x", "1e5", "-"] {
+            assert!(decimal(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,413 @@
+//! The paper's workloads over TPC-H's `lineitem` (section 4): the selective
+//! *Scan* and Q1, with Q1 split into the plan of section 4.2,
+//! `Scan -> Sort -> Group-by+Aggregate+LocalSort`, and the final merge of
+//! the nodes' partial aggregates on the host.
+//!
+//! Data comes from the `tpchgen` crates, which reproduce dbgen's rows, so
+//! Q1 at scale factor 1 must equal the TPC-H reference answer
+//! ([`Q1_SF1_ANSWER`]).
+
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, Decimal128Array, Int64Array, RecordBatch};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::util::display::{ArrayFormatter, FormatOptions};
+use datafusion::functions_aggregate::expr_fn as agg;
+use datafusion::prelude::*;
+
+use crate::error::{Error, Result};
+use crate::ops;
+use crate::plan::{AggFunc, Aggregate, Cmp, Predicate, Primitive, SortKey, Value};
+
+/// Rows per generated batch: one row block of the row-wise layout.
+pub const BLOCK_ROWS: usize = 16 * 1024;
+
+/// Largest scale factor the host places (it holds the table in memory).
+pub const MAX_SF: f64 = 10.0;
+
+/// Checks a scale factor.
+pub fn check_sf(sf: f64) -> Result<()> {
+    if !(sf.is_finite() && sf > 0.0 && sf <= MAX_SF) {
+        return Err(Error::Invalid(format!(
+            "scale factor {sf} out of range: want 0 < sf <= {MAX_SF}"
+        )));
+    }
+    Ok(())
+}
+
+/// Generates `lineitem` at scale factor `sf`, one batch per row block of
+/// [`BLOCK_ROWS`] rows, strings as plain Utf8.
+pub fn lineitem(sf: f64) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+    check_sf(sf)?;
+    let generator = tpchgen::generators::LineItemGenerator::new(sf, 1, 1);
+    let batches = tpchgen_arrow::LineItemArrow::new(generator)
+        .with_batch_size(BLOCK_ROWS)
+        .map(|b| ops::plain_strings(&b?))
+        .collect::<Result<Vec<_>>>()?;
+    let schema = match batches.first() {
+        Some(b) => b.schema(),
+        None => {
+            return Err(Error::Invalid(format!(
+                "scale factor {sf} generates no rows"
+            )));
+        }
+    };
+    Ok((schema, batches))
+}
+
+/// The Scan workload's primitive: every column of the lineitems shipped in
+/// January 1994 (about 1.3% of the table).
+pub fn scan_primitive() -> Primitive {
+    Primitive::Scan {
+        filter: vec![
+            Predicate {
+                left: Value::col("l_shipdate"),
+                cmp: Cmp::Ge,
+                right: Value::Date("1994-01-01".into()),
+            },
+            Predicate {
+                left: Value::col("l_shipdate"),
+                cmp: Cmp::Lt,
+                right: Value::Date("1994-02-01".into()),
+            },
+        ],
+        columns: None,
+    }
+}
+
+/// Q1's three primitives, in order: Scan, Sort, and the bundle.
+pub fn q1_primitives() -> [Primitive; 3] {
+    let price = || Value::col("l_extendedprice");
+    let one = || Value::Decimal("1.00".into());
+    let disc_price = || Value::times(price(), Value::minus(one(), Value::col("l_discount")));
+    [
+        Primitive::Scan {
+            filter: vec![Predicate {
+                left: Value::col("l_shipdate"),
+                cmp: Cmp::Le,
+                // date '1998-12-01' - interval '90' day
+                right: Value::Date("1998-09-02".into()),
+            }],
+            columns: Some(
+                [
+                    "l_returnflag",
+                    "l_linestatus",
+                    "l_quantity",
+                    "l_extendedprice",
+                    "l_discount",
+                    "l_tax",
+                ]
+                .map(String::from)
+                .to_vec(),
+            ),
+        },
+        Primitive::Sort {
+            keys: vec![SortKey::asc("l_returnflag"), SortKey::asc("l_linestatus")],
+        },
+        Primitive::AggGrpSort {
+            group_by: vec!["l_returnflag".into(), "l_linestatus".into()],
+            aggregates: vec![
+                Aggregate {
+                    func: AggFunc::Sum,
+                    arg: Value::col("l_quantity"),
+                    name: "sum_qty".into(),
+                },
+                Aggregate {
+                    func: AggFunc::Sum,
+                    arg: price(),
+                    name: "sum_base_price".into(),
+                },
+                Aggregate {
+                    func: AggFunc::Sum,
+                    arg: disc_price(),
+                    name: "sum_disc_price".into(),
+                },
+                Aggregate {
+                    func: AggFunc::Sum,
+                    arg: Value::times(disc_price(), Value::plus(one(), Value::col("l_tax"))),
+                    name: "sum_charge".into(),
+                },
+                Aggregate {
+                    func: AggFunc::Sum,
+                    arg: Value::col("l_discount"),
+                    name: "sum_disc".into(),
+                },
+                Aggregate {
+                    func: AggFunc::Count,
+                    arg: Value::col("l_quantity"),
+                    name: "count_order".into(),
+                },
+            ],
+        },
+    ]
+}
+
+/// Q1's result columns, in TPC-H order.
+pub const Q1_COLUMNS: [&str; 10] = [
+    "l_returnflag",
+    "l_linestatus",
+    "sum_qty",
+    "sum_base_price",
+    "sum_disc_price",
+    "sum_charge",
+    "avg_qty",
+    "avg_price",
+    "avg_disc",
+    "count_order",
+];
+
+/// The TPC-H reference answer of Q1 at scale factor 1, as CSV rows.
+pub const Q1_SF1_ANSWER: [&str; 4] = [
+    "A,F,37734107.00,56586554400.73,53758257134.87,55909065222.83,25.52,38273.13,0.05,1478493",
+    "N,F,991417.00,1487504710.38,1413082168.05,1469649223.19,25.52,38284.47,0.05,38854",
+    "N,O,74476040.00,111701729697.74,106118230307.61,110367043872.50,25.50,38249.12,0.05,2920374",
+    "R,F,37719753.00,56568041380.90,53741292684.60,55889619119.83,25.51,38250.85,0.05,1478870",
+];
+
+/// Merges the nodes' partial aggregates (the output of Q1's bundle on each
+/// node) into Q1's answer: DataFusion sums the partials per group; the
+/// averages are the summed values over the summed counts. Decimals are
+/// rounded half away from zero to 2 places, as the TPC-H answer set prints
+/// them.
+pub async fn q1_merge(schema: SchemaRef, partials: Vec<RecordBatch>) -> Result<RecordBatch> {
+    let ctx = ops::context();
+    let df = ops::frame(&ctx, schema, partials)?;
+    let c = |n: &str| col(format!("\"{n}\""));
+    let sums = [
+        "sum_qty",
+        "sum_base_price",
+        "sum_disc_price",
+        "sum_charge",
+        "sum_disc",
+        "count_order",
+    ];
+    let df = df
+        .aggregate(
+            vec![c("l_returnflag"), c("l_linestatus")],
+            sums.iter().map(|s| agg::sum(c(s)).alias(*s)).collect(),
+        )?
+        .sort(vec![
+            c("l_returnflag").sort(true, false),
+            c("l_linestatus").sort(true, false),
+        ])?;
+    let batches = df.collect().await?;
+    let merged = arrow::compute::concat_batches(&batches[0].schema(), &batches)?;
+    let get = |n: &str| merged.column_by_name(n).expect("merged column").clone();
+    let counts = get("count_order");
+    let counts = counts
+        .as_any()
+        .downcast_ref::<Int64Array>()
+        .expect("count is Int64");
+    let round = |a: &ArrayRef| round2(a, None);
+    let avg = |a: &ArrayRef| round2(a, Some(counts));
+    build_q1(
+        get("l_returnflag"),
+        get("l_linestatus"),
+        [
+            round(&get("sum_qty"))?,
+            round(&get("sum_base_price"))?,
+            round(&get("sum_disc_price"))?,
+            round(&get("sum_charge"))?,
+            avg(&get("sum_qty"))?,
+            avg(&get("sum_base_price"))?,
+            avg(&get("sum_disc"))?,
+        ],
+        Arc::new(counts.clone()),
+    )
+}
+
+/// Q1 in one DataFusion run over the whole table: the reference the
+/// distributed plan must equal.
+pub async fn q1_single(schema: SchemaRef, batches: Vec<RecordBatch>) -> Result<RecordBatch> {
+    let ctx = ops::context();
+    let [scan, _, _] = q1_primitives();
+    let (s, scanned) = ops::run(&scan, schema, batches).await?;
+    let df = ops::frame(&ctx, s.clone(), scanned)?;
+    let v = |x: &Value| ops::expr(x, &s);
+    let price = Value::col("l_extendedprice");
+    let disc_price = Value::times(
+        price.clone(),
+        Value::minus(Value::Decimal("1.00".into()), Value::col("l_discount")),
+    );
+    let charge = Value::times(
+        disc_price.clone(),
+        Value::plus(Value::Decimal("1.00".into()), Value::col("l_tax")),
+    );
+    let c = |n: &str| col(format!("\"{n}\""));
+    let df = df
+        .aggregate(
+            vec![c("l_returnflag"), c("l_linestatus")],
+            vec![
+                agg::sum(c("l_quantity")).alias("sum_qty"),
+                agg::sum(c("l_extendedprice")).alias("sum_base_price"),
+                agg::sum(v(&disc_price)?).alias("sum_disc_price"),
+                agg::sum(v(&charge)?).alias("sum_charge"),
+                agg::avg(c("l_quantity")).alias("avg_qty"),
+                agg::avg(c("l_extendedprice")).alias("avg_price"),
+                agg::avg(c("l_discount")).alias("avg_disc"),
+                agg::count(c("l_quantity")).alias("count_order"),
+            ],
+        )?
+        .sort(vec![
+            c("l_returnflag").sort(true, false),
+            c("l_linestatus").sort(true, false),
+        ])?;
+    let batches = df.collect().await?;
+    let m = arrow::compute::concat_batches(&batches[0].schema(), &batches)?;
+    let get = |n: &str| m.column_by_name(n).expect("column").clone();
+    let counts = get("count_order");
+    let counts = counts
+        .as_any()
+        .downcast_ref::<Int64Array>()
+        .expect("count is Int64")
+        .clone();
+    let mut decs = Vec::new();
+    for n in [
+        "sum_qty",
+        "sum_base_price",
+        "sum_disc_price",
+        "sum_charge",
+        "avg_qty",
+        "avg_price",
+        "avg_disc",
+    ] {
+        decs.push(round2(&get(n), None)?);
+    }
+    build_q1(
+        get("l_returnflag"),
+        get("l_linestatus"),
+        decs.try_into().expect("7 columns"),
+        Arc::new(counts),
+    )
+}
+
+fn build_q1(
+    flag: ArrayRef,
+    status: ArrayRef,
+    decs: [ArrayRef; 7],
+    count: ArrayRef,
+) -> Result<RecordBatch> {
+    let flag = arrow::compute::cast(&flag, &DataType::Utf8)?;
+    let status = arrow::compute::cast(&status, &DataType::Utf8)?;
+    let mut fields = vec![
+        Field::new(Q1_COLUMNS[0], DataType::Utf8, false),
+        Field::new(Q1_COLUMNS[1], DataType::Utf8, false),
+    ];
+    for n in &Q1_COLUMNS[2..9] {
+        fields.push(Field::new(*n, DataType::Decimal128(38, 2), true));
+    }
+    fields.push(Field::new(Q1_COLUMNS[9], DataType::Int64, true));
+    let mut cols = vec![flag, status];
+    cols.extend(decs);
+    cols.push(count);
+    Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), cols)?)
+}
+
+/// Rounds a Decimal128 column (optionally divided by `divisor` first) to 2
+/// decimal places, half away from zero.
+fn round2(a: &ArrayRef, divisor: Option<&Int64Array>) -> Result<ArrayRef> {
+    let (scale, values) = match a.data_type() {
+        DataType::Decimal128(_, s) => (
+            *s as u32,
+            a.as_any()
+                .downcast_ref::<Decimal128Array>()
+                .expect("decimal"),
+        ),
+        other => {
+            return Err(Error::Plan(format!(
+                "expected a decimal column, got {other}"
+            )));
+        }
+    };
+    let out: Decimal128Array = (0..values.len())
+        .map(|i| {
+            if values.is_null(i) {
+                return None;
+            }
+            let v = values.value(i);
+            // value / 10^scale / d, to 2 places: v * 100 / (10^scale * d).
+            let d = divisor.map_or(1, |d| d.value(i) as i128).max(1);
+            let den = 10i128.pow(scale) * d;
+            let num = v * 100;
+            let q = num / den;
+            let r = num % den;
+            Some(if 2 * r.abs() >= den {
+                q + num.signum()
+            } else {
+                q
+            })
+        })
+        .collect();
+    Ok(Arc::new(out.with_precision_and_scale(38, 2)?))
+}
+
+/// Formats batches as CSV: a header line, then one line per row.
+pub fn to_csv(batches: &[RecordBatch]) -> Result<String> {
+    let mut out = String::new();
+    let Some(first) = batches.first() else {
+        return Ok(out);
+    };
+    let schema = first.schema();
+    let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+    out.push_str(&names.join(","));
+    out.push('\n');
+    let opts = FormatOptions::default();
+    for b in batches {
+        let fmts = b
+            .columns()
+            .iter()
+            .map(|c| ArrayFormatter::try_new(c.as_ref(), &opts))
+            .collect::<Result<Vec<_>, _>>()?;
+        for row in 0..b.num_rows() {
+            for (i, f) in fmts.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                let cell = f.value(row).to_string();
+                if cell.contains([',', '"', '\n']) {
+                    out.push('"');
+                    out.push_str(&cell.replace('"', "\"\""));
+                    out.push('"');
+                } else {
+                    out.push_str(&cell);
+                }
+            }
+            out.push('\n');
+        }
+    }
+    Ok(out)
+}
+
+/// The Scan workload in one DataFusion run, rows ordered by
+/// `(l_orderkey, l_linenumber)`: the reference for the distributed Scan.
+pub async fn scan_single(schema: SchemaRef, batches: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
+    let (s, rows) = ops::run(&scan_primitive(), schema, batches).await?;
+    order_scan(s, rows).await
+}
+
+/// Orders Scan results by `(l_orderkey, l_linenumber)`.
+pub async fn order_scan(schema: SchemaRef, rows: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
+    let (_, out) = ops::run(
+        &Primitive::Sort {
+            keys: vec![SortKey::asc("l_orderkey"), SortKey::asc("l_linenumber")],
+        },
+        schema,
+        rows,
+    )
+    .await?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scale_factors_out_of_range_are_refused() {
+        for sf in [0.0, -1.0, f64::NAN, 11.0, f64::INFINITY] {
+            let e = check_sf(sf).unwrap_err().to_string();
+            assert!(e.contains("out of range"), "{e}");
+        }
+        check_sf(0.01).unwrap();
+    }
+}

@@ -1,0 +1,272 @@
+//! A whole cluster of in-process storage nodes at a small scale factor:
+//! distributed results equal one DataFusion run over the whole table, and
+//! every layout rebuilds any lost node's partition bit-exact.
+
+use smartstore::devmodel::DeviceModel;
+use smartstore::host::{Cluster, ClusterSpec, Launcher, Layout, Query, names};
+use smartstore::node::RebuildCmd;
+use smartstore::tpch;
+
+const SF: f64 = 0.01;
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn spec(layout: Layout, spare: bool) -> ClusterSpec {
+    ClusterSpec {
+        nodes: 4,
+        layout,
+        spare,
+        model: DeviceModel::None,
+    }
+}
+
+#[test]
+fn q1_and_scan_equal_a_single_process_run_for_both_layouts() {
+    let rt = rt();
+    rt.block_on(async {
+        let (schema, batches) = tpch::lineitem(SF).unwrap();
+        let want_q1 = tpch::to_csv(&[tpch::q1_single(schema.clone(), batches.clone())
+            .await
+            .unwrap()])
+        .unwrap();
+        let want_scan = tpch::to_csv(
+            &tpch::scan_single(schema.clone(), batches.clone())
+                .await
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(want_q1.lines().count(), 5, "{want_q1}");
+        assert!(want_scan.lines().count() > 100, "the scan selects rows");
+        for layout in [Layout::Mirror, Layout::Parity] {
+            let work = tempfile::tempdir().unwrap();
+            let mut c = Cluster::launch(spec(layout, false), &Launcher::InProcess, work.path())
+                .await
+                .unwrap();
+            c.place(schema.clone(), &batches).await.unwrap();
+            for checkpoint in [true, false] {
+                let r = c.run_query(Query::Q1, checkpoint).await.unwrap();
+                assert_eq!(
+                    tpch::to_csv(&r.result).unwrap(),
+                    want_q1,
+                    "{layout:?} checkpoint {checkpoint}"
+                );
+                let names: Vec<&str> = r.phases.iter().map(|p| p.name.as_str()).collect();
+                if checkpoint {
+                    assert!(names.contains(&"checkpoint sort"), "{names:?}");
+                } else {
+                    assert!(
+                        !names.iter().any(|n| n.starts_with("checkpoint")),
+                        "{names:?}"
+                    );
+                }
+            }
+            let r = c.run_query(Query::Scan, false).await.unwrap();
+            assert_eq!(
+                tpch::to_csv(&r.result).unwrap(),
+                want_scan,
+                "{layout:?} scan"
+            );
+        }
+    });
+}
+
+#[test]
+fn checkpoints_land_on_the_redundancy_group() {
+    let rt = rt();
+    rt.block_on(async {
+        let (schema, batches) = tpch::lineitem(SF).unwrap();
+        for layout in [Layout::Mirror, Layout::Parity] {
+            let work = tempfile::tempdir().unwrap();
+            let mut c = Cluster::launch(spec(layout, false), &Launcher::InProcess, work.path())
+                .await
+                .unwrap();
+            c.place(schema.clone(), &batches).await.unwrap();
+            c.run_query(Query::Q1, true).await.unwrap();
+            for obj in &names::Q1_OUT[..2] {
+                match layout {
+                    Layout::Mirror => {
+                        for (i, m) in c.mirror.iter_mut().enumerate() {
+                            let copy = m.get_object(&names::ckpt(obj)).await.unwrap();
+                            let orig = c.main[i].get_object(obj).await.unwrap();
+                            assert_eq!(copy, orig, "mirror {i} holds main {i}'s {obj}");
+                        }
+                    }
+                    Layout::Parity => {
+                        let p = c
+                            .parity
+                            .as_mut()
+                            .unwrap()
+                            .get_object(&names::parity(obj))
+                            .await
+                            .unwrap();
+                        assert!(!p.is_empty());
+                    }
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn any_single_main_node_is_rebuilt_bit_exact_on_the_spare_for_each_layout() {
+    let rt = rt();
+    rt.block_on(async {
+        let (schema, batches) = tpch::lineitem(SF).unwrap();
+        for layout in [Layout::Mirror, Layout::Parity] {
+            let work = tempfile::tempdir().unwrap();
+            let mut c = Cluster::launch(spec(layout, true), &Launcher::InProcess, work.path())
+                .await
+                .unwrap();
+            c.place(schema.clone(), &batches).await.unwrap();
+            c.run_query(Query::Q1, true).await.unwrap();
+            for lost in 0..4 {
+                // The base partition, and the last checkpointed primitive output.
+                for obj in [names::LINEITEM, names::Q1_OUT[1]] {
+                    let orig = c.main[lost].get_object(obj).await.unwrap();
+                    let cmd = match (layout, obj) {
+                        (Layout::Mirror, names::LINEITEM) => RebuildCmd::MirrorColumns {
+                            sources: c.mirror.iter().map(|m| m.addr().to_string()).collect(),
+                            cols_object: names::LINEITEM_COLS.into(),
+                            member: lost,
+                            name: format!("rebuilt.{lost}.{obj}"),
+                        },
+                        (Layout::Mirror, _) => RebuildCmd::Copy {
+                            source: c.mirror[lost].addr().to_string(),
+                            object: names::ckpt(obj),
+                            name: format!("rebuilt.{lost}.{obj}"),
+                        },
+                        (Layout::Parity, _) => RebuildCmd::Parity {
+                            parity: (
+                                c.parity.as_ref().unwrap().addr().to_string(),
+                                names::parity(obj),
+                            ),
+                            survivors: (0..4)
+                                .filter(|&i| i != lost)
+                                .map(|i| (i, c.main[i].addr().to_string(), obj.to_string()))
+                                .collect(),
+                            member: lost,
+                            name: format!("rebuilt.{lost}.{obj}"),
+                        },
+                    };
+                    let spare = c.spare.as_mut().unwrap();
+                    spare.rebuild(&cmd).await.unwrap();
+                    let rebuilt = spare
+                        .get_object(&format!("rebuilt.{lost}.{obj}"))
+                        .await
+                        .unwrap();
+                    assert!(
+                        rebuilt == orig,
+                        "{layout:?}: main {lost}'s {obj} rebuilt differs ({} vs {} bytes)",
+                        rebuilt.len(),
+                        orig.len()
+                    );
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn a_damaged_partition_is_an_error_naming_the_node_and_file_never_an_answer() {
+    let rt = rt();
+    rt.block_on(async {
+        let (schema, batches) = tpch::lineitem(SF).unwrap();
+        let work = tempfile::tempdir().unwrap();
+        let mut c = Cluster::launch(
+            spec(Layout::Mirror, false),
+            &Launcher::InProcess,
+            work.path(),
+        )
+        .await
+        .unwrap();
+        c.place(schema, &batches).await.unwrap();
+        // A scan leaves its output, not the partition, in the nodes' memory.
+        c.run_query(Query::Scan, false).await.unwrap();
+        // Flip one byte in the middle of main 2's partition.
+        let path = c.dirs[2].join("lineitem.obj");
+        let mut bytes = std::fs::read(&path).unwrap();
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+        let e = c.run_query(Query::Q1, false).await.unwrap_err().to_string();
+        assert!(
+            e.contains("main 2") && e.contains("lineitem.obj") && e.contains("checksum"),
+            "{e}"
+        );
+    });
+}
+
+#[test]
+fn an_unreachable_node_is_named() {
+    let rt = rt();
+    rt.block_on(async {
+        // A port nothing listens on.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let dead = l.local_addr().unwrap().to_string();
+        drop(l);
+        let work = tempfile::tempdir().unwrap();
+        let live: Vec<_> = (0..4)
+            .map(|i| {
+                smartstore::node::InProcessNode::start(
+                    &work.path().join(i.to_string()),
+                    DeviceModel::None,
+                )
+                .unwrap()
+            })
+            .collect();
+        let mut addrs: Vec<String> = live.iter().map(|n| n.addr.clone()).collect();
+        addrs.insert(2, dead.clone());
+        let e = Cluster::connect(spec(Layout::Parity, false), &addrs)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("main 2") && e.contains(&dead) && e.contains("unreachable"),
+            "{e}"
+        );
+        let e = Cluster::connect(spec(Layout::Parity, false), &addrs[..3])
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("3 node addresses given") && e.contains("parity"),
+            "{e}"
+        );
+    });
+}
+
+#[test]
+fn malformed_plan_fragments_and_tickets_are_refused_by_the_node() {
+    let rt = rt();
+    rt.block_on(async {
+        let work = tempfile::tempdir().unwrap();
+        let n = smartstore::node::InProcessNode::start(work.path(), DeviceModel::None).unwrap();
+        let mut c = smartstore::client::NodeClient::connect(&n.addr, "main 0").await.unwrap();
+        let cases: &[(&str, &[u8], &str)] = &[
+            ("run", b"not json", "plan fragment: malformed"),
+            ("run", br#"{"input":"lineitem","output":"x","primitive":{"op":"explode"}}"#, "explode"),
+            ("run", br#"{"input":"missing","output":"x","primitive":{"op":"sort","keys":[{"column":"a"}]}}"#, "missing.obj"),
+            ("checkpoint", b"{}", "malformed checkpoint"),
+            ("rebuild", br#"{"copy":{}}"#, "malformed rebuild"),
+            ("format-disk", b"", "unknown action"),
+        ];
+        for (kind, body, want) in cases {
+            let e = c.action(kind, body.to_vec()).await.unwrap_err().to_string();
+            assert!(e.contains("main 0") && e.contains(want), "{kind}: {e}");
+        }
+        // A fragment naming a column the partition lacks.
+        let (schema, batches) = tpch::lineitem(SF).unwrap();
+        c.put_table("lineitem", schema, batches[..1].to_vec()).await.unwrap();
+        let body = br#"{"input":"lineitem","output":"x","primitive":{"op":"sort","keys":[{"column":"l_nope"}]}}"#;
+        let e = c.action("run", body.to_vec()).await.unwrap_err().to_string();
+        assert!(e.contains("unknown column \"l_nope\""), "{e}");
+        // The node still serves.
+        c.ping().await.unwrap();
+    });
+}

@@ -1,0 +1,195 @@
+//! `rebound node` and `rebound query` as a user runs them: node processes
+//! on loopback, answers checked against a single-process run, bad flags
+//! refused with the setting named.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+fn rebound(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_rebound"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The TPC-H Q1 answer at scale factor 0.01 (dbgen's rows).
+const Q1_SF001: &str = "\
+l_returnflag,l_linestatus,sum_qty,sum_base_price,sum_disc_price,sum_charge,avg_qty,avg_price,avg_disc,count_order
+A,F,380456.00,532348211.65,505822441.49,526165934.00,25.58,35785.71,0.05,14876
+N,F,8971.00,12384801.37,11798257.21,12282485.06,25.78,35588.51,0.05,348
+N,O,742802.00,1041502841.45,989737518.63,1029418531.52,25.45,35691.13,0.05,29181
+R,F,381449.00,534594445.35,507996454.41,528524219.36,25.60,35874.01,0.05,14902
+";
+
+#[test]
+fn query_q1_on_local_node_processes_prints_the_tpch_answer_as_csv() {
+    for layout in ["mirror", "parity"] {
+        let (ok, out, err) = rebound(&[
+            "query", "--sf", "0.01", "--layout", layout, "--format", "csv", "--verify",
+        ]);
+        assert!(ok, "{layout}: {err}");
+        assert_eq!(out, Q1_SF001, "{layout}");
+        // The breakdown names every phase, checkpoints included.
+        for phase in [
+            "scan",
+            "checkpoint scan",
+            "sort",
+            "checkpoint sort",
+            "agg-grp-sort",
+            "merge",
+            "total",
+        ] {
+            assert!(err.contains(phase), "{layout}: no {phase} in\n{err}");
+        }
+        assert!(err.contains("verified"), "{err}");
+    }
+}
+
+#[test]
+fn query_scan_with_a_device_model_returns_the_selected_rows() {
+    let (ok, out, err) = rebound(&[
+        "query",
+        "--sf",
+        "0.01",
+        "--query",
+        "scan",
+        "--device-model",
+        "mems-g3",
+        "--format",
+        "csv",
+        "--verify",
+        "--checkpoint",
+        "off",
+    ]);
+    assert!(ok, "{err}");
+    let mut lines = out.lines();
+    assert!(
+        lines
+            .next()
+            .unwrap()
+            .starts_with("l_orderkey,l_partkey,l_suppkey,l_linenumber,")
+    );
+    let rows: Vec<&str> = lines.collect();
+    assert!(rows.len() > 500, "{} rows", rows.len());
+    // Every row shipped in January 1994 (column 11 is l_shipdate).
+    assert!(
+        rows.iter()
+            .all(|r| r.split(',').nth(10).unwrap().starts_with("1994-01-"))
+    );
+    assert!(err.contains("device model mems-g3"), "{err}");
+}
+
+struct NodeProc(Child, String);
+
+impl NodeProc {
+    fn start(dir: &std::path::Path) -> NodeProc {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_rebound"))
+            .args(["node", "--listen", "127.0.0.1:0", "--dir"])
+            .arg(dir)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(c.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line.trim().rsplit(' ').next().unwrap().to_string();
+        assert!(line.starts_with("smartstore node listening on "), "{line}");
+        NodeProc(c, addr)
+    }
+}
+
+impl Drop for NodeProc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn query_runs_on_nodes_given_by_address_and_names_an_unreachable_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes: Vec<NodeProc> = (0..5)
+        .map(|i| NodeProc::start(&dir.path().join(format!("n{i}"))))
+        .collect();
+    let addrs: Vec<String> = nodes.iter().map(|n| n.1.clone()).collect();
+    let list = addrs.join(",");
+    let (ok, out, err) = rebound(&[
+        "query",
+        "--sf",
+        "0.01",
+        "--layout",
+        "parity",
+        "--format",
+        "csv",
+        "--node-addrs",
+        &list,
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(out, Q1_SF001);
+    // Data landed in the given nodes' directories, parity on the fifth.
+    assert!(dir.path().join("n0/lineitem.obj").is_file());
+    assert!(dir.path().join("n4/lineitem.parity.obj").is_file());
+
+    // The nodes gone: the error names the first it could not reach.
+    drop(nodes);
+    let (ok, _, err) = rebound(&[
+        "query",
+        "--sf",
+        "0.01",
+        "--layout",
+        "parity",
+        "--node-addrs",
+        &list,
+    ]);
+    assert!(!ok);
+    assert!(
+        err.contains("main 0") && err.contains("unreachable"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_query_and_node_flags_are_refused_with_the_setting_named() {
+    for (args, expect) in [
+        (vec!["query", "--sf", "0"], "scale factor 0 out of range"),
+        (vec!["query", "--sf", "11"], "out of range"),
+        (
+            vec!["query", "--sf", "abc"],
+            "invalid value 'abc' for '--sf",
+        ),
+        (vec!["query", "--nodes", "1"], "1 data nodes: want 2 to 32"),
+        (
+            vec!["query", "--layout", "raid6"],
+            "possible values: mirror, parity",
+        ),
+        (vec!["query", "--query", "q6"], "possible values: scan, q1"),
+        (vec!["query", "--device-model", "ssd"], "mems-g3"),
+        (
+            vec!["query", "--format", "json"],
+            "possible values: table, csv",
+        ),
+        (
+            vec!["query", "--node-addrs", "127.0.0.1:1,127.0.0.1:2"],
+            "2 node addresses given",
+        ),
+        (vec!["query", "--node-addrs", "nohost"], "node addresses"),
+        (
+            vec!["node", "--dir", "/proc/forbidden/x"],
+            "/proc/forbidden/x",
+        ),
+        (
+            vec!["node", "--dir", "/tmp/x", "--listen", "nowhere"],
+            "listening on nowhere",
+        ),
+    ] {
+        let (ok, _, err) = rebound(&args);
+        assert!(!ok, "{args:?} succeeded");
+        assert!(err.contains(expect), "{args:?}: {err}");
+    }
+}
