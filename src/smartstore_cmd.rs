@@ -9,7 +9,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 use smartstore::devmodel::DeviceModel;
-use smartstore::host::{Cluster, ClusterSpec, Launcher, Layout, Query, QueryReport};
+use smartstore::host::{Cluster, ClusterSpec, Launcher, Layout, Progress, Query, QueryReport};
+use smartstore::recovery::{FailMode, Fault, Scheme};
 use smartstore::tpch;
 
 /// Device models a node can charge its I/O to.
@@ -50,11 +51,30 @@ pub struct NodeArgs {
     /// Device model this node charges its I/O to.
     #[arg(long, value_enum, default_value_t = ModelArg::None)]
     device_model: ModelArg,
+    /// Memory for caching objects of the device (the paper's nodes: 64 MB); K, M, G suffixes.
+    #[arg(long, default_value = "64M")]
+    memory: String,
+}
+
+/// Parses `64M`-style sizes (K, M, G: powers of 1024).
+fn parse_size(s: &str) -> anyhow::Result<usize> {
+    let (num, mult) = match s.char_indices().last() {
+        Some((i, 'K' | 'k')) => (&s[..i], 1usize << 10),
+        Some((i, 'M' | 'm')) => (&s[..i], 1 << 20),
+        Some((i, 'G' | 'g')) => (&s[..i], 1 << 30),
+        _ => (s, 1),
+    };
+    let n: usize = num
+        .parse()
+        .map_err(|_| anyhow::anyhow!("--memory {s:?}: want a size such as 64M"))?;
+    n.checked_mul(mult)
+        .ok_or_else(|| anyhow::anyhow!("--memory {s:?}: too large"))
 }
 
 /// Serves one storage node until SIGINT or SIGTERM.
 pub fn node(args: NodeArgs) -> anyhow::Result<ExitCode> {
-    let node = smartstore::node::Node::open(&args.dir, args.device_model.model())?;
+    let memory = parse_size(&args.memory)?;
+    let node = smartstore::node::Node::open(&args.dir, args.device_model.model(), memory)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -122,9 +142,9 @@ pub struct QueryArgs {
     /// Data nodes per storage group.
     #[arg(long, default_value_t = 4)]
     nodes: usize,
-    /// How the main group's data is protected.
-    #[arg(long, value_enum, default_value_t = LayoutArg::Mirror)]
-    layout: LayoutArg,
+    /// How the main group's data is protected [default: parity for --recovery parity, else mirror].
+    #[arg(long, value_enum)]
+    layout: Option<LayoutArg>,
     /// Workload.
     #[arg(long, value_enum, default_value_t = QueryArg::Q1)]
     query: QueryArg,
@@ -151,25 +171,96 @@ pub struct QueryArgs {
     /// Do not print the phase breakdown (I/O, compute, communication) on stderr.
     #[arg(long)]
     quiet: bool,
+    /// Lose this main-group node during the query (local nodes only) and recover it.
+    #[arg(long)]
+    fail_node: Option<usize>,
+    /// Lose it just before this primitive [default: the paper's point: scan for Scan,
+    /// agg-grp-sort for Q1].
+    #[arg(long, value_enum, requires = "fail_node")]
+    fail_at: Option<FailAtArg>,
+    /// How the node is lost: its process SIGKILLed, or its directory made unreadable.
+    #[arg(long, value_enum, default_value_t = FailModeArg::Kill, requires = "fail_node")]
+    fail_mode: FailModeArg,
+    /// Recovery scheme (paper §3): spare (mirror + spare node), migrate (work moves to the
+    /// mirror group), redistribute (checkpoints spread over all survivors), parity (XOR onto a
+    /// spare) [default: spare, or parity with --layout parity].
+    #[arg(long, value_enum, requires = "fail_node")]
+    recovery: Option<RecoveryArg>,
+}
+
+/// Primitives a fault can precede.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FailAtArg {
+    Scan,
+    Sort,
+    AggGrpSort,
+}
+
+/// How a node is lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FailModeArg {
+    /// SIGKILL the node's process.
+    Kill,
+    /// Move the node's directory away; the process keeps answering.
+    Unreadable,
+}
+
+/// Recovery schemes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RecoveryArg {
+    Spare,
+    Migrate,
+    Redistribute,
+    Parity,
 }
 
 /// Runs `rebound query`.
 pub fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
     tpch::check_sf(args.sf)?;
-    let spec = ClusterSpec {
-        nodes: args.nodes,
-        layout: match args.layout {
-            LayoutArg::Mirror => Layout::Mirror,
-            LayoutArg::Parity => Layout::Parity,
-        },
-        spare: false,
-        model: args.device_model.model(),
-    };
-    spec.check()?;
     let query = match args.query {
         QueryArg::Scan => Query::Scan,
         QueryArg::Q1 => Query::Q1,
     };
+    let layout = match args.layout {
+        Some(LayoutArg::Mirror) => Layout::Mirror,
+        Some(LayoutArg::Parity) => Layout::Parity,
+        None if args.recovery == Some(RecoveryArg::Parity) => Layout::Parity,
+        None => Layout::Mirror,
+    };
+    let fault = args.fail_node.map(|node| Fault {
+        node,
+        at: match args.fail_at {
+            Some(FailAtArg::Scan) => 0,
+            Some(FailAtArg::Sort) => 1,
+            Some(FailAtArg::AggGrpSort) => 2,
+            None => Fault::default_at(query),
+        },
+        mode: match args.fail_mode {
+            FailModeArg::Kill => FailMode::Kill,
+            FailModeArg::Unreadable => FailMode::Unreadable,
+        },
+        scheme: match (args.recovery, layout) {
+            (Some(RecoveryArg::Spare), _) => Scheme::Spare,
+            (Some(RecoveryArg::Migrate), _) => Scheme::Migrate,
+            (Some(RecoveryArg::Redistribute), _) => Scheme::Redistribute,
+            (Some(RecoveryArg::Parity), _) | (None, Layout::Parity) => Scheme::Parity,
+            (None, Layout::Mirror) => Scheme::Spare,
+        },
+    });
+    let spec = ClusterSpec {
+        nodes: args.nodes,
+        layout,
+        spare: fault.is_some_and(|f| f.scheme.needs_spare()),
+        model: args.device_model.model(),
+    };
+    spec.check()?;
+    if let Some(f) = &fault {
+        f.check(query, layout, args.nodes, args.checkpoint == OnOff::On)?;
+        anyhow::ensure!(
+            args.node_addrs.is_empty(),
+            "--fail-node needs local nodes (started by the host), not --node-addrs"
+        );
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -202,6 +293,19 @@ pub fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
         } else {
             Cluster::connect(spec, &args.node_addrs).await?
         };
+        let spinner = indicatif::ProgressBar::new_spinner();
+        if fault.is_some() && !args.quiet {
+            let sp = spinner.clone();
+            cluster.progress = Some(Progress(std::sync::Arc::new(move |m: &str| {
+                sp.enable_steady_tick(std::time::Duration::from_millis(100));
+                sp.set_message(m.to_string());
+                if sp.is_hidden() {
+                    eprintln!("recovery: {m}");
+                } else {
+                    sp.println(format!("recovery: {m}"));
+                }
+            })));
+        }
         let placed = cluster.place(schema.clone(), &batches).await?;
         note(format!(
             "placed on {} data nodes + {}: {placed:.2} s",
@@ -212,11 +316,22 @@ pub fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
             }
         ));
         let report = cluster
-            .run_query(query, args.checkpoint == OnOff::On)
-            .await?;
+            .run_query_with(query, args.checkpoint == OnOff::On, fault)
+            .await;
+        spinner.finish_and_clear();
         cluster.shutdown();
+        let report = report?;
+        let lost = match &fault {
+            Some(f) => format!(
+                ", main {} lost before {}, recovery {}",
+                f.node,
+                smartstore::recovery::PRIMITIVES[f.at],
+                f.scheme.name()
+            ),
+            None => String::new(),
+        };
         note(format!(
-            "{} on {} nodes, device model {}, checkpoint {}:\n{}",
+            "{} on {} nodes, device model {}, checkpoint {}{lost}:\n{}",
             query.name(),
             spec.nodes,
             spec.model.name(),

@@ -193,3 +193,106 @@ fn bad_query_and_node_flags_are_refused_with_the_setting_named() {
         assert!(err.contains(expect), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn a_node_process_sigkilled_mid_query_is_recovered_by_each_scheme() {
+    for (args, query) in [
+        (vec!["--fail-node", "1", "--recovery", "spare"], "q1"),
+        (vec!["--fail-node", "2", "--recovery", "migrate"], "q1"),
+        (
+            vec![
+                "--fail-node",
+                "0",
+                "--recovery",
+                "redistribute",
+                "--fail-at",
+                "sort",
+            ],
+            "q1",
+        ),
+        (vec!["--fail-node", "3", "--recovery", "parity"], "q1"),
+        (
+            vec![
+                "--fail-node",
+                "1",
+                "--layout",
+                "parity",
+                "--fail-mode",
+                "unreadable",
+            ],
+            "scan",
+        ),
+    ] {
+        let mut all = vec![
+            "query", "--sf", "0.01", "--format", "csv", "--verify", "--query", query,
+        ];
+        all.extend(&args);
+        let (ok, out, err) = rebound(&all);
+        assert!(ok, "{args:?}: {err}");
+        if query == "q1" {
+            assert_eq!(out, Q1_SF001, "{args:?}");
+        }
+        assert!(
+            err.contains("recovery: detected: node main"),
+            "{args:?}: {err}"
+        );
+        assert!(
+            err.contains("(after recovery)") && err.contains("verified"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn fault_flags_that_do_not_fit_are_refused() {
+    for (args, expect) in [
+        (
+            vec![
+                "query",
+                "--query",
+                "scan",
+                "--fail-node",
+                "1",
+                "--recovery",
+                "migrate",
+            ],
+            "Scan recovers with spare or parity",
+        ),
+        (vec!["query", "--fail-at", "sort"], "--fail-node"),
+        (vec!["query", "--fail-node", "7"], "nodes 0 to 3"),
+        (
+            vec![
+                "query",
+                "--fail-node",
+                "1",
+                "--recovery",
+                "parity",
+                "--layout",
+                "mirror",
+            ],
+            "needs --layout parity",
+        ),
+        (
+            vec!["query", "--fail-node", "1", "--checkpoint", "off"],
+            "--checkpoint on",
+        ),
+        (
+            vec![
+                "query",
+                "--fail-node",
+                "1",
+                "--node-addrs",
+                "a:1,b:2,c:3,d:4,e:5,f:6,g:7,h:8,i:9",
+            ],
+            "needs local nodes",
+        ),
+        (
+            vec!["node", "--dir", "/tmp/x", "--memory", "lots"],
+            "--memory",
+        ),
+    ] {
+        let (ok, _, err) = rebound(&args);
+        assert!(!ok, "{args:?} succeeded");
+        assert!(err.contains(expect), "{args:?}: {err}");
+    }
+}

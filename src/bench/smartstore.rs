@@ -20,6 +20,7 @@ use anyhow::Context;
 use clap::Args;
 use smartstore::devmodel::DeviceModel;
 use smartstore::host::{Cluster, ClusterSpec, Launcher, Layout, Query, QueryReport};
+use smartstore::recovery::{FailMode, Fault, Scheme};
 use smartstore::tpch;
 
 use super::CommonArgs;
@@ -36,6 +37,10 @@ pub struct SmartstoreArgs {
     /// Runs of each query per configuration; the median is reported [default: 3, or 1 with --quick].
     #[arg(long)]
     runs: Option<u32>,
+    /// Run the paper's recovery scenarios instead (section 4: Scan 0-2, Q1 0-4, a main node
+    /// SIGKILLed at the paper's point) for each device model.
+    #[arg(long)]
+    recovery: bool,
 }
 
 /// One measured configuration.
@@ -56,6 +61,9 @@ fn median_by_total(mut reports: Vec<QueryReport>) -> QueryReport {
 
 /// Runs the experiment.
 pub fn run(args: SmartstoreArgs) -> anyhow::Result<ExitCode> {
+    if args.recovery {
+        return run_recovery(args);
+    }
     let quick = args.common.quick;
     let sf = args.sf.unwrap_or(if quick { 0.05 } else { 1.0 });
     tpch::check_sf(sf)?;
@@ -323,4 +331,312 @@ fn duckdb_q1(
         median_s: v["median_s"].as_f64().context("median_s")?,
         threads: v["threads"].as_u64().unwrap_or(0),
     })
+}
+
+/// One of the paper's scenarios (section 4).
+#[derive(Debug, Clone, Copy)]
+struct Scenario {
+    query: Query,
+    number: u8,
+    scheme: Option<Scheme>,
+}
+
+impl Scenario {
+    fn layout(&self) -> Layout {
+        self.scheme.map_or(Layout::Mirror, |s| s.layout())
+    }
+    fn label(&self) -> String {
+        format!(
+            "{}-{} {}",
+            if self.query == Query::Scan {
+                "Scan"
+            } else {
+                "Q1"
+            },
+            self.number,
+            self.scheme.map_or("normal", |s| s.name())
+        )
+    }
+}
+
+const SCENARIOS: [Scenario; 8] = [
+    Scenario {
+        query: Query::Scan,
+        number: 0,
+        scheme: None,
+    },
+    Scenario {
+        query: Query::Scan,
+        number: 1,
+        scheme: Some(Scheme::Spare),
+    },
+    Scenario {
+        query: Query::Scan,
+        number: 2,
+        scheme: Some(Scheme::Parity),
+    },
+    Scenario {
+        query: Query::Q1,
+        number: 0,
+        scheme: None,
+    },
+    Scenario {
+        query: Query::Q1,
+        number: 1,
+        scheme: Some(Scheme::Spare),
+    },
+    Scenario {
+        query: Query::Q1,
+        number: 2,
+        scheme: Some(Scheme::Migrate),
+    },
+    Scenario {
+        query: Query::Q1,
+        number: 3,
+        scheme: Some(Scheme::Redistribute),
+    },
+    Scenario {
+        query: Query::Q1,
+        number: 4,
+        scheme: Some(Scheme::Parity),
+    },
+];
+
+/// The node the scenarios lose (the paper's D1).
+const LOST: usize = 1;
+
+fn phase_sum(r: &QueryReport, name: &str, f: fn(&smartstore::host::Phase) -> f64) -> f64 {
+    r.phases.iter().filter(|p| p.name == name).map(f).sum()
+}
+
+/// A value, or "-" for scenario 0 (no recovery).
+fn dash(scenario: u8, v: f64) -> String {
+    if scenario == 0 {
+        "-".into()
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+/// `rebound bench smartstore --recovery`: the scenarios of section 4.
+fn run_recovery(args: SmartstoreArgs) -> anyhow::Result<ExitCode> {
+    let quick = args.common.quick;
+    let sf = args.sf.unwrap_or(if quick { 0.05 } else { 1.0 });
+    tpch::check_sf(sf)?;
+    let exe = std::env::current_exe().context("locating this binary")?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let scratch = tempfile::tempdir().context("scratch directory")?;
+    eprintln!("generating lineitem at sf {sf} ...");
+    let (schema, batches) = tpch::lineitem(sf)?;
+    let (want_q1, want_scan) = rt.block_on(async {
+        let q1 = tpch::to_csv(&[tpch::q1_single(schema.clone(), batches.clone()).await?])?;
+        let scan = tpch::to_csv(&tpch::scan_single(schema.clone(), batches.clone()).await?)?;
+        anyhow::Ok((q1, scan))
+    })?;
+    let models = [
+        DeviceModel::None,
+        DeviceModel::Disk,
+        DeviceModel::Mems(smartstore::devmodel::G3),
+    ];
+    let bar = progress((models.len() * SCENARIOS.len()) as u64, "scenarios");
+    let mut results: Vec<(DeviceModel, Scenario, QueryReport)> = Vec::new();
+    for model in models {
+        for sc in SCENARIOS {
+            bar.set_message(format!("{} / {}", model.name(), sc.label()));
+            let work = scratch.path().join(format!(
+                "{}-{}-{}",
+                model.name(),
+                sc.query.name(),
+                sc.number
+            ));
+            let spec = ClusterSpec {
+                nodes: DATA_NODES,
+                layout: sc.layout(),
+                spare: sc.scheme.is_some_and(|s| s.needs_spare()),
+                model,
+            };
+            let report = rt.block_on(async {
+                let mut c = Cluster::launch(spec, &Launcher::Process(exe.clone()), &work).await?;
+                c.place(schema.clone(), &batches).await?;
+                let fault = sc.scheme.map(|scheme| Fault {
+                    node: LOST,
+                    at: Fault::default_at(sc.query),
+                    mode: FailMode::Kill,
+                    scheme,
+                });
+                let r = c.run_query_with(sc.query, true, fault).await?;
+                c.shutdown();
+                anyhow::Ok(r)
+            })?;
+            let want = if sc.query == Query::Q1 {
+                &want_q1
+            } else {
+                &want_scan
+            };
+            anyhow::ensure!(
+                &tpch::to_csv(&report.result)? == want,
+                "{} / {}: the answer differs from the failure-free one",
+                model.name(),
+                sc.label()
+            );
+            results.push((model, sc, report));
+            std::fs::remove_dir_all(&work).ok();
+            bar.inc(1);
+        }
+    }
+    bar.finish_and_clear();
+
+    println!(
+        "\nsmartstore recovery scenarios (paper section 4): sf {sf}, {DATA_NODES} data nodes, main {LOST} SIGKILLed \
+         (Scan: during its scan; Q1: just before Group-by+Aggregate+LocalSort), checkpoints on; every answer equals the failure-free one"
+    );
+    let mut t = Table::new(&[
+        "device model",
+        "scenario",
+        "I/O s",
+        "compute s",
+        "comm s",
+        "total s",
+        "recovery s",
+        "post-recovery I/O s",
+        "vs scenario 0",
+    ]);
+    let base = |m: DeviceModel, q: Query| {
+        results
+            .iter()
+            .find(|(mm, s, _)| *mm == m && s.query == q && s.number == 0)
+            .map(|r| r.2.total_s())
+            .expect("scenario 0 measured")
+    };
+    for (m, sc, r) in &results {
+        let (io, c, comm) = r.breakdown();
+        let post = if sc.query == Query::Q1 {
+            "agg-grp-sort (after recovery)"
+        } else {
+            "scan (after recovery)"
+        };
+        t.row(vec![
+            m.name().into(),
+            sc.label(),
+            format!("{io:.3}"),
+            format!("{c:.3}"),
+            format!("{comm:.3}"),
+            format!("{:.3}", r.total_s()),
+            dash(sc.number, phase_sum(r, "recovery", |p| p.total_s())),
+            dash(sc.number, phase_sum(r, post, |p| p.io_s)),
+            format!("{:.2}x", r.total_s() / base(*m, sc.query)),
+        ]);
+    }
+    println!("{}", t.render());
+
+    // The paper's findings, checked on our numbers.
+    let get = |m: DeviceModel, q: Query, n: u8| {
+        &results
+            .iter()
+            .find(|(mm, s, _)| *mm == m && s.query == q && s.number == n)
+            .expect("measured")
+            .2
+    };
+    println!("paper's findings against ours:");
+    for m in models {
+        let scan_par = get(m, Query::Scan, 2).total_s() / get(m, Query::Scan, 1).total_s();
+        let q1_par = get(m, Query::Q1, 4).total_s() / get(m, Query::Q1, 1).total_s();
+        println!(
+            "  {:>8}: parity recovery slower than mirror+spare (Fig. 8/10)? Scan {:.2}x, Q1 {:.2}x of mirror+spare: {}",
+            m.name(),
+            scan_par,
+            q1_par,
+            if scan_par > 1.0 && q1_par > 1.0 {
+                "yes, as the paper"
+            } else {
+                "NOT as the paper"
+            }
+        );
+        let post = "agg-grp-sort (after recovery)";
+        let gb_spare = phase_sum(get(m, Query::Q1, 1), post, |p| p.io_s);
+        let gb_redis = phase_sum(get(m, Query::Q1, 3), post, |p| p.io_s);
+        let comm_redis = get(m, Query::Q1, 3).breakdown().2;
+        let comm_spare = get(m, Query::Q1, 1).breakdown().2;
+        let cut = if gb_spare > 0.0 {
+            (1.0 - gb_redis / gb_spare) * 100.0
+        } else {
+            0.0
+        };
+        println!(
+            "  {:>8}: redistribution cuts post-recovery Group-by I/O by {cut:.0}% vs spare (paper: 75-80%), communication {:.2}x of spare's (paper: pays in communication)",
+            m.name(),
+            comm_redis / comm_spare.max(1e-9)
+        );
+        let q1: Vec<(u8, f64)> = (1..=4)
+            .map(|n| (n, get(m, Query::Q1, n).total_s()))
+            .collect();
+        let best = q1
+            .iter()
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .expect("4 schemes");
+        println!(
+            "  {:>8}: cheapest Q1 recovery: scenario {} ({}); spare/migrate = {:.2}",
+            m.name(),
+            best.0,
+            SCENARIOS[3 + best.0 as usize]
+                .scheme
+                .expect("faulted")
+                .name(),
+            q1[0].1 / q1[1].1
+        );
+    }
+    let none_best = (1..=4)
+        .map(|n| get(DeviceModel::None, Query::Q1, n).total_s())
+        .fold(f64::INFINITY, f64::min);
+    let ratio = none_best / get(DeviceModel::None, Query::Q1, 0).total_s();
+    println!(
+        "target: Q1 with a node failure under the best scheme, no device model: {ratio:.2}x the failure-free time (target <= 1.3x: {})",
+        if ratio <= 1.3 { "met" } else { "MISSED" }
+    );
+
+    if !quick {
+        for q in [Query::Scan, Query::Q1] {
+            let panels = models
+                .iter()
+                .map(|m| {
+                    let sel: Vec<&(DeviceModel, Scenario, QueryReport)> = results
+                        .iter()
+                        .filter(|(mm, s, _)| mm == m && s.query == q)
+                        .collect();
+                    let comp = |f: fn(&QueryReport) -> f64| {
+                        sel.iter().map(|r| f(&r.2)).collect::<Vec<f64>>()
+                    };
+                    StackPanel {
+                        title: format!("device model: {}", m.name()),
+                        y_label: "execution time (s)".into(),
+                        categories: sel.iter().map(|r| r.1.label()).collect(),
+                        components: vec![
+                            ("I/O".into(), comp(|r| r.breakdown().0)),
+                            ("compute".into(), comp(|r| r.breakdown().1)),
+                            ("communication".into(), comp(|r| r.breakdown().2)),
+                        ],
+                    }
+                })
+                .collect::<Vec<_>>();
+            let png = args
+                .common
+                .out
+                .join(format!("smartstore-recovery-{}.png", q.name()));
+            let title = format!(
+                "{} recovery scenarios at sf {sf} (as the paper's Figures {})",
+                if q == Query::Scan { "Scan" } else { "TPC-H Q1" },
+                if q == Query::Scan {
+                    "8 and 10"
+                } else {
+                    "9 and 11"
+                }
+            );
+            stacked_bar_png(&png, &title, &panels)?;
+            println!("plot: {}", png.display());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -13,7 +13,8 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::error::{Error, Result};
 use crate::node::{
-    CheckpointCmd, GetCmd, MAX_BATCH_MESSAGE, MAX_MESSAGE, PutCmd, RAW_CHUNK, RebuildCmd, Stats,
+    CheckpointCmd, GetCmd, MAX_BATCH_MESSAGE, MAX_MESSAGE, PutCmd, RAW_CHUNK, RebuildCmd,
+    ScatterCmd, Stats,
 };
 use crate::plan::Fragment;
 
@@ -37,10 +38,10 @@ impl NodeClient {
             .map_err(|e| err(format!("bad address {addr:?}: {e}")))?
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_nodelay(true);
-        let channel = endpoint
-            .connect()
-            .await
-            .map_err(|e| err(format!("unreachable: {e}{}", source_chain(&e))))?;
+        let channel = endpoint.connect().await.map_err(|e| Error::NodeLost {
+            node: label.to_string(),
+            message: format!("unreachable: {e}{}", source_chain(&e)),
+        })?;
         Ok(NodeClient {
             label: label.to_string(),
             addr: addr.to_string(),
@@ -65,7 +66,16 @@ impl NodeClient {
     }
 
     fn status(&self, s: tonic::Status) -> Error {
-        self.err(format!("{}: {}", code_name(s.code()), s.message()))
+        match s.code() {
+            // The connection broke or the node's storage is gone.
+            tonic::Code::Unavailable | tonic::Code::Cancelled | tonic::Code::Unknown => {
+                Error::NodeLost {
+                    node: self.label.clone(),
+                    message: s.message().to_string(),
+                }
+            }
+            c => self.err(format!("{}: {}", code_name(c), s.message())),
+        }
     }
 
     /// Sends an action with a raw body; returns the first answer's body.
@@ -111,6 +121,12 @@ impl NodeClient {
             .await
     }
 
+    /// Spreads an object's rows across nodes (load redistribution).
+    pub async fn scatter(&mut self, cmd: &ScatterCmd) -> Result<Stats> {
+        self.stats("scatter", serde_json::to_vec(cmd).expect("json"))
+            .await
+    }
+
     /// Rebuilds a lost node's object on this node.
     pub async fn rebuild(&mut self, cmd: &RebuildCmd) -> Result<Stats> {
         self.stats("rebuild", serde_json::to_vec(cmd).expect("json"))
@@ -144,7 +160,24 @@ impl NodeClient {
         schema: SchemaRef,
         batches: Vec<RecordBatch>,
     ) -> Result<Stats> {
-        let cmd = PutCmd::Table { name: name.into() };
+        self.put_table_as(
+            PutCmd::Table {
+                name: name.into(),
+                sync: true,
+            },
+            schema,
+            batches,
+        )
+        .await
+    }
+
+    /// Stores a table with the given put command (a [`PutCmd::Table`]).
+    pub async fn put_table_as(
+        &mut self,
+        cmd: PutCmd,
+        schema: SchemaRef,
+        batches: Vec<RecordBatch>,
+    ) -> Result<Stats> {
         let messages: Vec<FlightData> = FlightDataEncoderBuilder::new()
             .with_schema(schema)
             .with_max_flight_data_size(MAX_BATCH_MESSAGE)

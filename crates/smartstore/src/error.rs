@@ -18,6 +18,24 @@ pub enum Error {
         /// What the node said, or why it could not be reached.
         message: String,
     },
+    /// A node is lost: its process does not answer, or its storage is gone
+    /// (section 3's fault: "D1 of SDG A malfunctions midstream").
+    #[error("node {node} lost: {message}")]
+    NodeLost {
+        /// The node, as `role index (address)`.
+        node: String,
+        /// How the loss showed.
+        message: String,
+    },
+    /// This node's own storage directory cannot be read (the node-side
+    /// form of a lost node).
+    #[error("storage unavailable: {}: {message}", path.display())]
+    StorageLost {
+        /// The directory.
+        path: PathBuf,
+        /// The OS error.
+        message: String,
+    },
     /// A stored object (partition, checkpoint, parity) is damaged.
     #[error("{}: {message}", path.display())]
     Object {
@@ -77,11 +95,20 @@ impl Error {
     }
 }
 
+impl Error {
+    /// Whether this error means a node is lost (the recovery schemes'
+    /// trigger), as opposed to a bad request or damaged data.
+    pub fn is_node_lost(&self) -> bool {
+        matches!(self, Error::NodeLost { .. })
+    }
+}
+
 impl From<Error> for tonic::Status {
     fn from(e: Error) -> Self {
         match &e {
             Error::Plan(_) | Error::Invalid(_) => tonic::Status::invalid_argument(e.to_string()),
             Error::Object { .. } => tonic::Status::data_loss(e.to_string()),
+            Error::StorageLost { .. } => tonic::Status::unavailable(e.to_string()),
             _ => tonic::Status::internal(e.to_string()),
         }
     }

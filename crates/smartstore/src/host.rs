@@ -20,8 +20,9 @@ use arrow::record_batch::RecordBatch;
 use crate::client::NodeClient;
 use crate::devmodel::DeviceModel;
 use crate::error::{Error, Result};
-use crate::node::{CheckpointCmd, InProcessNode, Stats};
+use crate::node::{CheckpointCmd, InProcessNode, RebuildCmd, Stats};
 use crate::plan::{Fragment, Primitive};
+use crate::recovery::{FailMode, Fault, Scheme};
 use crate::redundancy::{column_groups, row_owner};
 use crate::tpch;
 
@@ -158,6 +159,56 @@ pub struct Cluster {
     /// Local nodes' directories, in role order (empty for remote nodes).
     pub dirs: Vec<PathBuf>,
     owned: Vec<Owned>,
+    /// Called with a line of news while a query loses a node and recovers.
+    pub progress: Option<Progress>,
+}
+
+/// A callback for recovery news.
+#[derive(Clone)]
+pub struct Progress(pub std::sync::Arc<dyn Fn(&str) + Send + Sync>);
+
+impl std::fmt::Debug for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Progress(..)")
+    }
+}
+
+/// A node working on a query: its inputs, and which main node it stands
+/// for (none after redistribution).
+#[derive(Debug, Clone)]
+struct Worker {
+    client: NodeClient,
+    inputs: Vec<String>,
+    slot: Option<usize>,
+}
+
+/// Runs primitive `p` on every worker (or only worker `only`), each over
+/// its own inputs; one result per worker run.
+async fn run_on(
+    workers: &mut [Worker],
+    output: &str,
+    p: &Primitive,
+    materialize: bool,
+    only: Option<usize>,
+) -> Vec<Result<(String, Stats)>> {
+    let calls = workers
+        .iter_mut()
+        .enumerate()
+        .filter(|(i, _)| only.is_none_or(|o| o == *i))
+        .map(|(_, w)| {
+            let f = Fragment {
+                input: w.inputs[0].clone(),
+                also: w.inputs[1..].to_vec(),
+                output: output.into(),
+                primitive: p.clone(),
+                materialize,
+            };
+            async move {
+                let s = w.client.run(&f).await?;
+                Ok((w.client.label().to_string(), s))
+            }
+        });
+    futures::future::join_all(calls).await
 }
 
 /// Where one phase's time went: the busiest node's I/O, compute and
@@ -239,12 +290,12 @@ impl QueryReport {
     /// The phase table, one line per phase.
     pub fn phase_table(&self) -> String {
         let mut s = format!(
-            "{:<20} {:>9} {:>9} {:>9} {:>9} {:>9}  {}\n",
+            "{:<30} {:>9} {:>9} {:>9} {:>9} {:>9}  {}\n",
             "phase", "wall s", "io s", "compute s", "comm s", "total s", "busiest"
         );
         for p in &self.phases {
             s.push_str(&format!(
-                "{:<20} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3}  {}\n",
+                "{:<30} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3}  {}\n",
                 p.name,
                 p.wall_s,
                 p.io_s,
@@ -256,7 +307,7 @@ impl QueryReport {
         }
         let (io, c, m) = self.breakdown();
         s.push_str(&format!(
-            "{:<20} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3}\n",
+            "{:<30} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3}\n",
             "total",
             self.wall_s(),
             io,
@@ -359,6 +410,7 @@ impl Cluster {
             spare,
             dirs: Vec::new(),
             owned: Vec::new(),
+            progress: None,
         })
     }
 
@@ -453,6 +505,7 @@ impl Cluster {
             output: output.into(),
             primitive: primitive.clone(),
             materialize,
+            also: vec![],
         };
         let calls = self.main.iter_mut().map(|c| {
             let f = f.clone();
@@ -478,83 +531,366 @@ impl Cluster {
     /// Runs a workload, failure-free; `checkpoint` makes Q1 checkpoint each
     /// intermediate result to the redundancy group (section 4.2).
     pub async fn run_query(&mut self, query: Query, checkpoint: bool) -> Result<QueryReport> {
-        let mut phases = Vec::new();
-        match query {
-            Query::Scan => {
-                let t = Instant::now();
-                let s = self
-                    .run_all(
-                        names::LINEITEM,
-                        names::SCAN_OUT,
-                        &tpch::scan_primitive(),
-                        false,
-                    )
-                    .await?;
-                phases.push(Phase::from_nodes("scan", t.elapsed().as_secs_f64(), &s));
-                let t = Instant::now();
-                let (schema, rows) = self.collect(names::SCAN_OUT).await?;
-                let fetched = t.elapsed().as_secs_f64();
-                let c = Instant::now();
-                let result = tpch::order_scan(schema.clone(), rows).await?;
-                phases.push(Phase {
-                    name: "collect".into(),
-                    wall_s: t.elapsed().as_secs_f64(),
-                    io_s: 0.0,
-                    compute_s: c.elapsed().as_secs_f64(),
-                    comm_s: fetched,
-                    critical: "host".into(),
-                });
-                Ok(QueryReport {
-                    query,
-                    schema,
-                    result,
-                    phases,
-                })
+        self.run_query_with(query, checkpoint, None).await
+    }
+
+    /// Runs a workload, losing a node as `fault` says and recovering with
+    /// its scheme (see [`crate::recovery`]).
+    pub async fn run_query_with(
+        &mut self,
+        query: Query,
+        checkpoint: bool,
+        fault: Option<Fault>,
+    ) -> Result<QueryReport> {
+        if let Some(f) = &fault {
+            f.check(query, self.spec.layout, self.spec.nodes, checkpoint)?;
+            if f.scheme.needs_spare() && self.spare.is_none() {
+                return Err(Error::Invalid(format!(
+                    "recovery {} needs a spare node",
+                    f.scheme.name()
+                )));
             }
-            Query::Q1 => {
-                let prims = tpch::q1_primitives();
-                let labels = ["scan", "sort", "agg-grp-sort"];
-                let mut input = names::LINEITEM;
-                for (i, p) in prims.iter().enumerate() {
-                    let out = names::Q1_OUT[i];
-                    let t = Instant::now();
-                    // Outputs that get checkpointed are materialised; the
-                    // last one (a few rows per node) goes to the host.
-                    let keep = checkpoint && i + 1 < prims.len();
-                    let s = self.run_all(input, out, p, keep).await?;
-                    phases.push(Phase::from_nodes(labels[i], t.elapsed().as_secs_f64(), &s));
-                    if keep {
-                        let t = Instant::now();
-                        let s = self.checkpoint_all(out).await?;
-                        phases.push(Phase::from_nodes(
-                            &format!("checkpoint {}", labels[i]),
-                            t.elapsed().as_secs_f64(),
-                            &s,
-                        ));
-                    }
-                    input = out;
-                }
-                let t = Instant::now();
-                let (schema, partials) = self.collect(names::Q1_OUT[2]).await?;
-                let fetched = t.elapsed().as_secs_f64();
-                let c = Instant::now();
-                let merged = tpch::q1_merge(schema, partials).await?;
-                phases.push(Phase {
-                    name: "merge".into(),
-                    wall_s: t.elapsed().as_secs_f64(),
-                    io_s: 0.0,
-                    compute_s: c.elapsed().as_secs_f64(),
-                    comm_s: fetched,
-                    critical: "host".into(),
-                });
-                Ok(QueryReport {
-                    query,
-                    schema: merged.schema(),
-                    result: vec![merged],
-                    phases,
-                })
+            if self.owned.is_empty() {
+                return Err(Error::Invalid(
+                    "--fail-node needs local nodes (started by the host), not --node-addrs".into(),
+                ));
             }
         }
+        let mut phases = Vec::new();
+        let mut workers: Vec<Worker> = self
+            .main
+            .iter()
+            .enumerate()
+            .map(|(i, c)| Worker {
+                client: c.clone(),
+                inputs: vec![names::LINEITEM.to_string()],
+                slot: Some(i),
+            })
+            .collect();
+        // After migration or redistribution the working set has no
+        // redundancy group of its own: no further checkpoints.
+        let mut degraded = false;
+        let (prims, outs, labels): (Vec<Primitive>, Vec<&str>, Vec<&str>) = match query {
+            Query::Scan => (
+                vec![tpch::scan_primitive()],
+                vec![names::SCAN_OUT],
+                vec!["scan"],
+            ),
+            Query::Q1 => (
+                tpch::q1_primitives().to_vec(),
+                names::Q1_OUT.to_vec(),
+                crate::recovery::PRIMITIVES.to_vec(),
+            ),
+        };
+        for k in 0..prims.len() {
+            if let Some(f) = fault.filter(|f| f.at == k) {
+                self.progress(&format!(
+                    "fault: losing main {} ({:?}) just before {}",
+                    f.node, f.mode, labels[k]
+                ));
+                self.fail_node(f.node, f.mode)?;
+            }
+            let keep = checkpoint && k + 1 < prims.len() && !degraded;
+            let t = Instant::now();
+            let results = run_on(&mut workers, outs[k], &prims[k], keep, None).await;
+            let mut lost = Vec::new();
+            let mut done = Vec::new();
+            for (w, r) in results.into_iter().enumerate() {
+                match r {
+                    Ok(s) => done.push(s),
+                    Err(e) if e.is_node_lost() => lost.push((w, e)),
+                    Err(e) => return Err(e),
+                }
+            }
+            if lost.is_empty() {
+                phases.push(Phase::from_nodes(
+                    labels[k],
+                    t.elapsed().as_secs_f64(),
+                    &done,
+                ));
+            } else {
+                let Some(f) = fault else {
+                    return Err(lost.remove(0).1);
+                };
+                if lost.len() > 1 || workers[lost[0].0].slot != Some(f.node) {
+                    let which: Vec<String> = lost.iter().map(|(_, e)| e.to_string()).collect();
+                    return Err(Error::Invalid(format!(
+                        "the schemes recover one lost main node; lost: {}",
+                        which.join("; ")
+                    )));
+                }
+                let (w, e) = lost.remove(0);
+                phases.push(Phase::from_nodes(
+                    &format!("{} (node lost)", labels[k]),
+                    t.elapsed().as_secs_f64(),
+                    &done,
+                ));
+                self.progress(&format!(
+                    "detected: {e}; recovering with {}",
+                    f.scheme.name()
+                ));
+                let t = Instant::now();
+                let src = if k == 0 { names::LINEITEM } else { outs[k - 1] };
+                let rerun_all = match f.scheme {
+                    Scheme::Spare | Scheme::Parity => {
+                        let lost_slot = f.node;
+                        let cmd = self.rebuild_cmd(f.scheme, lost_slot, src, k == 0);
+                        let spare = self.spare.clone().expect("checked above");
+                        self.progress(&format!(
+                            "rebuilding main {lost_slot}'s {src} on the spare ({})",
+                            spare.addr()
+                        ));
+                        let mut sp = spare.clone();
+                        let s = sp.rebuild(&cmd).await?;
+                        phases.push(Phase::from_nodes(
+                            "recovery",
+                            t.elapsed().as_secs_f64(),
+                            &[(sp.label().to_string(), s)],
+                        ));
+                        workers[w] = Worker {
+                            client: sp,
+                            inputs: vec![src.to_string()],
+                            slot: Some(lost_slot),
+                        };
+                        // Scan restarts from the beginning (the paper's Scan
+                        // scenarios); Q1 reruns the interrupted primitive on
+                        // the spare only.
+                        query == Query::Scan
+                    }
+                    Scheme::Migrate => {
+                        workers = self
+                            .mirror
+                            .iter()
+                            .enumerate()
+                            .map(|(j, m)| Worker {
+                                client: m.clone(),
+                                inputs: vec![names::ckpt(src)],
+                                slot: Some(j),
+                            })
+                            .collect();
+                        degraded = true;
+                        phases.push(Phase::from_nodes(
+                            "recovery",
+                            t.elapsed().as_secs_f64(),
+                            &[],
+                        ));
+                        true
+                    }
+                    Scheme::Redistribute => {
+                        let n = self.spec.nodes;
+                        let mut survivors: Vec<NodeClient> = (0..n)
+                            .filter(|&i| i != f.node)
+                            .map(|i| self.main[i].clone())
+                            .collect();
+                        survivors.extend(self.mirror.iter().cloned());
+                        let targets: Vec<String> =
+                            survivors.iter().map(|c| c.addr().to_string()).collect();
+                        let pieces: Vec<String> =
+                            (0..n).map(|p| format!("{src}.piece{p}")).collect();
+                        self.progress(&format!(
+                            "redistributing {src} over {} surviving nodes",
+                            targets.len()
+                        ));
+                        let scatters = (0..n).map(|p| {
+                            let (mut holder, object) = if p == f.node {
+                                (self.mirror[p].clone(), names::ckpt(src))
+                            } else {
+                                (self.main[p].clone(), src.to_string())
+                            };
+                            let cmd = crate::node::ScatterCmd {
+                                object,
+                                targets: targets.clone(),
+                                as_name: pieces[p].clone(),
+                            };
+                            async move {
+                                let s = holder.scatter(&cmd).await?;
+                                Ok::<_, Error>((holder.label().to_string(), s))
+                            }
+                        });
+                        let s = futures::future::try_join_all(scatters).await?;
+                        phases.push(Phase::from_nodes("recovery", t.elapsed().as_secs_f64(), &s));
+                        workers = survivors
+                            .into_iter()
+                            .map(|c| Worker {
+                                client: c,
+                                inputs: pieces.clone(),
+                                slot: None,
+                            })
+                            .collect();
+                        degraded = true;
+                        true
+                    }
+                };
+                let keep = checkpoint && k + 1 < prims.len() && !degraded;
+                let t = Instant::now();
+                let only = (!rerun_all).then_some(w);
+                let results = run_on(&mut workers, outs[k], &prims[k], keep, only).await;
+                let named = results.into_iter().collect::<Result<Vec<_>>>()?;
+                phases.push(Phase::from_nodes(
+                    &format!("{} (after recovery)", labels[k]),
+                    t.elapsed().as_secs_f64(),
+                    &named,
+                ));
+                self.progress("recovered; continuing");
+            }
+            for w in workers.iter_mut() {
+                w.inputs = vec![outs[k].to_string()];
+            }
+            if checkpoint && k + 1 < prims.len() && !degraded {
+                let t = Instant::now();
+                let s = self.checkpoint_workers(&mut workers, outs[k]).await?;
+                phases.push(Phase::from_nodes(
+                    &format!("checkpoint {}", labels[k]),
+                    t.elapsed().as_secs_f64(),
+                    &s,
+                ));
+            }
+        }
+        let last = outs[outs.len() - 1];
+        let t = Instant::now();
+        let calls = workers
+            .iter_mut()
+            .map(|w| async move { w.client.get_table(last, None, None).await });
+        let parts = futures::future::try_join_all(calls).await?;
+        let fetched = t.elapsed().as_secs_f64();
+        let schema = parts[0].0.clone();
+        let rows: Vec<RecordBatch> = parts.into_iter().flat_map(|p| p.1).collect();
+        let c = Instant::now();
+        let (schema, result) = match query {
+            Query::Scan => (schema.clone(), tpch::order_scan(schema, rows).await?),
+            Query::Q1 => {
+                let merged = tpch::q1_merge(schema, rows).await?;
+                (merged.schema(), vec![merged])
+            }
+        };
+        phases.push(Phase {
+            name: if query == Query::Scan {
+                "collect"
+            } else {
+                "merge"
+            }
+            .into(),
+            wall_s: t.elapsed().as_secs_f64(),
+            io_s: 0.0,
+            compute_s: c.elapsed().as_secs_f64(),
+            comm_s: fetched,
+            critical: "host".into(),
+        });
+        Ok(QueryReport {
+            query,
+            schema,
+            result,
+            phases,
+        })
+    }
+
+    /// The rebuild of main `lost`'s object `src` on the spare.
+    fn rebuild_cmd(&self, scheme: Scheme, lost: usize, src: &str, base: bool) -> RebuildCmd {
+        match (scheme, base) {
+            (Scheme::Parity, _) => RebuildCmd::Parity {
+                parity: (
+                    self.parity
+                        .as_ref()
+                        .expect("parity layout")
+                        .addr()
+                        .to_string(),
+                    names::parity(src),
+                ),
+                survivors: (0..self.spec.nodes)
+                    .filter(|&i| i != lost)
+                    .map(|i| (i, self.main[i].addr().to_string(), src.to_string()))
+                    .collect(),
+                member: lost,
+                name: src.to_string(),
+            },
+            // The original partition: a parallel read of the column-wise
+            // mirror group (section 3.1).
+            (_, true) => RebuildCmd::MirrorColumns {
+                sources: self.mirror.iter().map(|m| m.addr().to_string()).collect(),
+                cols_object: names::LINEITEM_COLS.into(),
+                member: lost,
+                name: src.to_string(),
+            },
+            // The latest checkpoint: one mirror node sends it.
+            (_, false) => RebuildCmd::Copy {
+                source: self.mirror[lost].addr().to_string(),
+                object: names::ckpt(src),
+                name: src.to_string(),
+            },
+        }
+    }
+
+    /// Checkpoints each worker's `object` to the redundancy slot of the
+    /// main node it stands for.
+    async fn checkpoint_workers(
+        &mut self,
+        workers: &mut [Worker],
+        object: &str,
+    ) -> Result<Vec<(String, Stats)>> {
+        let n = self.spec.nodes;
+        let calls = workers.iter_mut().map(|w| {
+            let slot = w.slot.expect("checkpointing workers stand for main nodes");
+            let (target, as_name, parity) = match self.spec.layout {
+                Layout::Mirror => (
+                    self.mirror[slot].addr().to_string(),
+                    names::ckpt(object),
+                    None,
+                ),
+                Layout::Parity => (
+                    self.parity
+                        .as_ref()
+                        .expect("parity layout")
+                        .addr()
+                        .to_string(),
+                    names::parity(object),
+                    Some((slot, n)),
+                ),
+            };
+            let cmd = CheckpointCmd {
+                object: object.into(),
+                target,
+                as_name,
+                parity,
+            };
+            async move {
+                let s = w.client.checkpoint(&cmd).await?;
+                Ok::<_, Error>((w.client.label().to_string(), s))
+            }
+        });
+        futures::future::try_join_all(calls).await
+    }
+
+    /// Loses main node `i`: kills its process (or stops its in-process
+    /// server), or moves its directory away.
+    pub fn fail_node(&mut self, i: usize, mode: FailMode) -> Result<()> {
+        let label = format!("main {i}");
+        match mode {
+            FailMode::Unreadable => {
+                let dir = self
+                    .dirs
+                    .get(i)
+                    .ok_or_else(|| Error::Invalid(format!("{label} is not local")))?;
+                let away = dir.with_extension("lost");
+                std::fs::rename(dir, &away).map_err(|e| Error::io(dir, e))?;
+            }
+            FailMode::Kill => match self.owned.get_mut(i) {
+                Some(Owned::Process(c)) => {
+                    c.kill()
+                        .map_err(|e| Error::node(&label, format!("kill: {e}")))?;
+                    let _ = c.wait();
+                }
+                Some(Owned::InProcess(n)) => n.halt(),
+                None => return Err(Error::Invalid(format!("{label} is not local"))),
+            },
+        }
+        Ok(())
+    }
+
+    fn progress(&self, msg: &str) {
+        if let Some(p) = &self.progress {
+            (p.0)(msg);
+        }
+        tracing::info!("{msg}");
     }
 
     /// Stops local nodes (processes are killed).

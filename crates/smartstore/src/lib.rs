@@ -19,6 +19,7 @@
 //! | checkpoint per primitive (4.2) | [`host::Cluster::checkpoint_all`] |
 //! | HP C2490A disk, MEMS G1 to G3 (5.2, Table 1) | [`devmodel`] |
 //! | Scan and TPC-H Q1 workloads (4) | [`tpch`] |
+//! | recovery schemes: spare, migration, redistribution, parity (3.1 to 3.4) | [`recovery`], [`host::Cluster::run_query_with`] |
 //!
 //! Stored objects are checksummed ([`object`]); a damaged one is an error
 //! naming the file, never a wrong answer.
@@ -31,6 +32,7 @@ pub mod node;
 pub mod object;
 pub mod ops;
 pub mod plan;
+pub mod recovery;
 pub mod redundancy;
 pub mod tpch;
 

@@ -11,6 +11,7 @@
 //! | `do_action "run"` | a [`Fragment`](crate::plan::Fragment) | runs the primitive, materialises its output |
 //! | `do_action "checkpoint"` | [`CheckpointCmd`] | sends an object to a mirror node, or into a parity node's parity |
 //! | `do_action "rebuild"` | [`RebuildCmd`] | rebuilds a lost node's object from a mirror group or from parity |
+//! | `do_action "scatter"` | [`ScatterCmd`] | spreads a table's row blocks over other nodes |
 //! | `do_action "ping"` | none | answers the node's directory and device model |
 //!
 //! Raw bytes travel in `FlightData.data_body`, 1 MiB per message, with an
@@ -103,6 +104,9 @@ pub enum PutCmd {
     Table {
         /// Object name.
         name: String,
+        /// Sync it to the device (base data); otherwise written unsynced.
+        #[serde(default = "yes")]
+        sync: bool,
     },
     /// A complete object file follows as raw bytes; stored as is, after
     /// its checksum is verified.
@@ -143,6 +147,24 @@ pub enum GetCmd {
         /// Object name.
         name: String,
     },
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Body of the `scatter` action: spread a table's row blocks round-robin
+/// over `targets`, each receiving `as_name` (section 3.3's load
+/// redistribution of checkpointed results).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScatterCmd {
+    /// Local object spread.
+    pub object: String,
+    /// Receiving nodes' addresses.
+    pub targets: Vec<String>,
+    /// Name of the piece on every target.
+    pub as_name: String,
 }
 
 /// Body of the `checkpoint` action.
@@ -221,12 +243,16 @@ struct Held {
     table: Option<(SchemaRef, Vec<RecordBatch>)>,
     file: Option<Arc<Vec<u8>>>,
     bytes: usize,
+    /// Whether the object is also on the device, so memory may drop it.
+    on_device: bool,
 }
 
 #[derive(Default)]
 struct Inner {
-    /// Held objects, oldest first; at most [`MEMORY_BUDGET`] bytes.
+    /// Held objects, oldest first; those also on the device within
+    /// `budget` bytes in all.
     held: Vec<(String, Held)>,
+    budget: usize,
     parity: HashMap<String, PendingParity>,
 }
 
@@ -239,12 +265,12 @@ impl std::fmt::Debug for Inner {
     }
 }
 
-/// Memory a node keeps objects in. The paper's nodes had 64 MB; a
-/// primitive's output at scale factor 1 on 4 nodes is about 110 MB, so a
-/// node here holds up to 1 GiB and drops the oldest objects beyond it
-/// (objects on the device are read back; memory-only ones are lost, and
-/// the next fragment naming them fails with an error naming the object).
-pub const MEMORY_BUDGET: usize = 1 << 30;
+/// Default memory a node caches objects of its device in: the paper's
+/// 64 MB of on-device memory (section 5). An object larger than this is
+/// read back from the device (and charged to the device model) by the next
+/// primitive that needs it. Objects kept in memory only (outputs of a query
+/// that does not checkpoint) are the only copy and are always held.
+pub const DEFAULT_MEMORY: usize = 64 << 20;
 
 /// Where a stored object goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -269,22 +295,34 @@ impl Inner {
 
     fn put(&mut self, name: &str, held: Held) {
         self.held.retain(|h| h.0 != name);
+        if held.on_device && held.bytes > self.budget {
+            return;
+        }
         self.held.push((name.to_string(), held));
         let mut total: usize = self.held.iter().map(|h| h.1.bytes).sum();
-        while total > MEMORY_BUDGET && self.held.len() > 1 {
-            total -= self.held.remove(0).1.bytes;
+        let mut i = 0;
+        while total > self.budget && i + 1 < self.held.len() {
+            if self.held[i].1.on_device {
+                total -= self.held.remove(i).1.bytes;
+            } else {
+                i += 1;
+            }
         }
     }
 }
 
 impl Node {
     /// A node over `dir` (created if missing), charging I/O to `model`.
-    pub fn open(dir: &Path, model: DeviceModel) -> Result<Arc<Node>> {
+    /// `memory` bytes of objects on the device are cached in memory.
+    pub fn open(dir: &Path, model: DeviceModel, memory: usize) -> Result<Arc<Node>> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         Ok(Arc::new(Node {
             dir: dir.to_path_buf(),
             model,
-            inner: Mutex::new(Inner::default()),
+            inner: Mutex::new(Inner {
+                budget: memory,
+                ..Inner::default()
+            }),
         }))
     }
 
@@ -353,6 +391,7 @@ impl Node {
                 table: None,
                 file: Some(Arc::new(file)),
                 bytes,
+                on_device: placement != Placement::Memory,
             },
         );
         Ok(())
@@ -424,11 +463,12 @@ impl Node {
         stats: &mut Stats,
     ) -> Result<()> {
         let path = self.path(name)?;
-        let bytes: usize = batches.iter().map(|b| b.get_array_memory_size()).sum();
+        let bytes: usize = batches.iter().map(data_bytes).sum();
         let mut held = Held {
             table: Some((schema.clone(), batches)),
             file: None,
             bytes,
+            on_device: placement != Placement::Memory,
         };
         if placement != Placement::Memory {
             let t = Instant::now();
@@ -458,9 +498,21 @@ impl Node {
     /// Runs a fragment: reads its input (only the columns a Scan needs),
     /// runs the primitive, materialises the output.
     pub async fn run(&self, fragment: &Fragment) -> Result<Stats> {
+        self.check_storage()?;
         let mut stats = Stats::default();
         let needed = fragment.primitive.input_columns();
-        let (schema, batches) = self.load_table(&fragment.input, needed.as_deref(), &mut stats)?;
+        let (schema, mut batches) =
+            self.load_table(&fragment.input, needed.as_deref(), &mut stats)?;
+        for more in &fragment.also {
+            let (s, b) = self.load_table(more, needed.as_deref(), &mut stats)?;
+            if s.fields() != schema.fields() {
+                return Err(Error::Plan(format!(
+                    "{more} does not have {}'s columns",
+                    fragment.input
+                )));
+            }
+            batches.extend(b);
+        }
         let t = Instant::now();
         let (out_schema, out) = crate::ops::run(&fragment.primitive, schema, batches).await?;
         stats.rows_out = out.iter().map(|b| b.num_rows() as u64).sum();
@@ -474,8 +526,56 @@ impl Node {
         Ok(stats)
     }
 
+    /// Fails when the node's directory cannot be read: the storage is
+    /// lost even if the process still answers, and the host must treat
+    /// the node as lost (checked before every action).
+    pub fn check_storage(&self) -> Result<()> {
+        std::fs::read_dir(&self.dir)
+            .map(drop)
+            .map_err(|e| Error::StorageLost {
+                path: self.dir.clone(),
+                message: e.to_string(),
+            })
+    }
+
+    /// Spreads a table's row blocks over other nodes.
+    pub async fn scatter(&self, cmd: &ScatterCmd) -> Result<Stats> {
+        self.check_storage()?;
+        if cmd.targets.is_empty() {
+            return Err(Error::Plan("scatter without targets".into()));
+        }
+        let mut stats = Stats::default();
+        let (schema, batches) = self.load_table(&cmd.object, None, &mut stats)?;
+        let n = cmd.targets.len();
+        let mut pieces: Vec<Vec<RecordBatch>> = vec![Vec::new(); n];
+        for (b, batch) in batches.into_iter().enumerate() {
+            pieces[b % n].push(batch);
+        }
+        let t = Instant::now();
+        let sends = cmd.targets.iter().zip(pieces).map(|(addr, piece)| {
+            let schema = schema.clone();
+            let put = PutCmd::Table {
+                name: cmd.as_name.clone(),
+                sync: false,
+            };
+            async move {
+                let mut peer =
+                    NodeClient::connect(addr, &format!("redistribution target {addr}")).await?;
+                peer.put_table_as(put, schema, piece).await
+            }
+        });
+        let remote = futures::future::try_join_all(sends).await?;
+        let slowest_io = remote.iter().map(|s| s.io_real_s).fold(0.0, f64::max);
+        stats.comm_s += (t.elapsed().as_secs_f64() - slowest_io).max(0.0);
+        stats.io_s += remote.iter().map(|s| s.io_s).fold(0.0, f64::max);
+        stats.io_real_s += slowest_io;
+        stats.bytes_moved += remote.iter().map(|s| s.bytes_written).sum::<u64>();
+        Ok(stats)
+    }
+
     /// Sends an object to another node (mirror copy or parity member).
     pub async fn checkpoint(&self, cmd: &CheckpointCmd) -> Result<Stats> {
+        self.check_storage()?;
         let mut stats = Stats::default();
         let file = self.load(&cmd.object, &mut stats)?;
         let put = match cmd.parity {
@@ -501,6 +601,7 @@ impl Node {
 
     /// Rebuilds a lost node's object here.
     pub async fn rebuild(&self, cmd: &RebuildCmd) -> Result<Stats> {
+        self.check_storage()?;
         let mut stats = Stats::default();
         let t = Instant::now();
         match cmd {
@@ -545,10 +646,7 @@ impl Node {
                 let mut moved = 0u64;
                 let mut max_src = 0u64;
                 for (_, batches) in &parts {
-                    let b: u64 = batches
-                        .iter()
-                        .map(|b| b.get_array_memory_size() as u64)
-                        .sum();
+                    let b: u64 = batches.iter().map(|b| data_bytes(b) as u64).sum();
                     moved += b;
                     max_src = max_src.max(b);
                 }
@@ -663,6 +761,16 @@ impl Node {
     }
 }
 
+/// Bytes of data a batch holds (its arrays' slices; arrays decoded from
+/// one message share its buffer, which `get_array_memory_size` would count
+/// once per array).
+pub fn data_bytes(b: &RecordBatch) -> usize {
+    b.columns()
+        .iter()
+        .map(|c| c.to_data().get_slice_memory_size().unwrap_or(0))
+        .sum()
+}
+
 /// Joins the mirror nodes' column groups back into full row blocks.
 fn zip_columns(parts: &[(SchemaRef, Vec<RecordBatch>)]) -> Result<(SchemaRef, Vec<RecordBatch>)> {
     let blocks = parts.first().map_or(0, |p| p.1.len());
@@ -757,6 +865,7 @@ impl FlightService for NodeService {
     ) -> Result<Response<Self::DoGetStream>, Status> {
         let cmd: GetCmd = parse("ticket", &request.into_inner().ticket)?;
         let node = self.0.clone();
+        node.check_storage()?;
         let mut stats = Stats::default();
         match cmd {
             GetCmd::Object { name } => {
@@ -831,8 +940,9 @@ impl FlightService for NodeService {
             .ok_or_else(|| Status::invalid_argument("do_put: first message lacks a descriptor"))?;
         let cmd: PutCmd = parse("put descriptor", &desc.cmd)?;
         let node = self.0.clone();
+        node.check_storage()?;
         let stats = match &cmd {
-            PutCmd::Table { name } => {
+            PutCmd::Table { name, sync } => {
                 let rest = futures::stream::once(async move { Ok(first) })
                     .chain(stream)
                     .map_err(|s| arrow_flight::error::FlightError::Tonic(Box::new(s)));
@@ -847,7 +957,12 @@ impl FlightService for NodeService {
                     .cloned()
                     .ok_or_else(|| Status::invalid_argument("do_put: no schema"))?;
                 let mut stats = Stats::default();
-                node.store_table(name, &schema, batches, Placement::Durable, &mut stats)?;
+                let placement = if *sync {
+                    Placement::Durable
+                } else {
+                    Placement::Device
+                };
+                node.store_table(name, &schema, batches, placement, &mut stats)?;
                 stats
             }
             _ => {
@@ -877,6 +992,7 @@ impl FlightService for NodeService {
             }
             "checkpoint" => node.checkpoint(&parse("checkpoint", &action.body)?).await?,
             "rebuild" => node.rebuild(&parse("rebuild", &action.body)?).await?,
+            "scatter" => node.scatter(&parse("scatter", &action.body)?).await?,
             "ping" => {
                 let info = serde_json::json!({"dir": node.dir, "device_model": node.model.name()});
                 let r = arrow_flight::Result {
@@ -904,6 +1020,7 @@ impl FlightService for NodeService {
             ("run", "run a plan fragment"),
             ("checkpoint", "send an object to a mirror or parity node"),
             ("rebuild", "rebuild a lost node's object here"),
+            ("scatter", "spread a table's row blocks over other nodes"),
             ("ping", "node information"),
         ]
         .map(|(t, d)| {
@@ -948,7 +1065,7 @@ pub struct InProcessNode {
 impl InProcessNode {
     /// Starts a node over `dir` on an ephemeral loopback port.
     pub fn start(dir: &Path, model: DeviceModel) -> Result<InProcessNode> {
-        let node = Node::open(dir, model)?;
+        let node = Node::open(dir, model, DEFAULT_MEMORY)?;
         let std_listener =
             std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::io(dir, e))?;
         std_listener
@@ -989,7 +1106,8 @@ impl InProcessNode {
         self.halt();
     }
 
-    fn halt(&mut self) {
+    /// Stops the node (idempotent).
+    pub fn halt(&mut self) {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
         }

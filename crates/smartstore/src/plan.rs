@@ -32,6 +32,10 @@ use crate::error::{Error, Result};
 pub struct Fragment {
     /// Object read.
     pub input: String,
+    /// More objects read, with the same schema: the primitive runs over
+    /// the union (a node holding several redistributed pieces).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub also: Vec<String>,
     /// Object written.
     pub output: String,
     /// What to run.
@@ -245,7 +249,10 @@ impl Fragment {
     pub fn check(&self) -> Result<()> {
         check_object_name(&self.input)?;
         check_object_name(&self.output)?;
-        if self.input == self.output {
+        for a in &self.also {
+            check_object_name(a)?;
+        }
+        if self.input == self.output || self.also.contains(&self.output) {
             return Err(Error::Plan(format!(
                 "output {:?} would overwrite its input",
                 self.output
@@ -300,6 +307,7 @@ mod tests {
                 columns: Some(vec!["l_quantity".into()]),
             },
             materialize: false,
+            also: vec![],
         };
         assert_eq!(Fragment::from_json(&f.to_json()).unwrap(), f);
     }
