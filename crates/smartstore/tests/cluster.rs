@@ -383,3 +383,36 @@ fn a_second_unplanned_loss_is_an_error_not_a_wrong_answer() {
         assert!(e.contains("main 2"), "{e}");
     });
 }
+
+#[test]
+fn a_misbehaving_node_that_speaks_no_flight_is_named() {
+    use std::io::Write;
+    // A "node" that accepts connections and answers garbage.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let bad = l.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for mut s in l.incoming().flatten() {
+            let _ = s.write_all(b"HTTP/1.0 500 nope\r\n\r\n");
+        }
+    });
+    let rt = rt();
+    rt.block_on(async {
+        let work = tempfile::tempdir().unwrap();
+        let live: Vec<_> = (0..4)
+            .map(|i| {
+                smartstore::node::InProcessNode::start(
+                    &work.path().join(i.to_string()),
+                    DeviceModel::None,
+                )
+                .unwrap()
+            })
+            .collect();
+        let mut addrs: Vec<String> = live.iter().map(|n| n.addr.clone()).collect();
+        addrs.insert(1, bad.clone());
+        let e = Cluster::connect(spec(Layout::Parity, false), &addrs)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("main 1") && e.contains(&bad), "{e}");
+    });
+}
