@@ -41,7 +41,7 @@ use crate::devmodel::DeviceModel;
 use crate::error::{Error, Result};
 use crate::object::{self, Kind};
 use crate::plan::{Fragment, check_object_name};
-use crate::redundancy::{ParityBlock, column_groups};
+use crate::redundancy::ParityBlock;
 
 /// Raw bytes per Flight message.
 pub const RAW_CHUNK: usize = 1 << 20;
@@ -658,7 +658,6 @@ impl Node {
                 let (schema, batches) = zip_columns(&parts)?;
                 let payload = object::ipc_encode(&schema, &batches)?;
                 stats.compute_s += c.elapsed().as_secs_f64();
-                let _ = column_groups; // layout documented in RebuildCmd
                 self.store(
                     name,
                     object::encode(Kind::Table, &payload),
@@ -719,8 +718,8 @@ impl Node {
                 member,
                 members,
             } => {
-                let path = self.path(name)?;
-                if *members == 0 || member >= members {
+                self.path(name)?; // a valid object name
+                if *members == 0 || *members > 1024 || member >= members {
                     return Err(Error::Plan(format!("parity member {member} of {members}")));
                 }
                 let done = {
@@ -746,7 +745,6 @@ impl Node {
                     }
                 };
                 if let Some(block) = done {
-                    let _ = &path;
                     self.store(
                         name,
                         object::encode(Kind::Raw, &block.to_bytes()),
