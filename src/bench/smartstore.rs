@@ -79,13 +79,7 @@ pub fn run(args: SmartstoreArgs) -> anyhow::Result<ExitCode> {
     eprintln!("generating lineitem at sf {sf} ...");
     let (schema, batches) = tpch::lineitem(sf)?;
     let total_rows: usize = batches.iter().map(|b| b.num_rows()).sum();
-    let (want_q1, want_scan, single_s) = rt.block_on(async {
-        let t = std::time::Instant::now();
-        let q1 = tpch::to_csv(&[tpch::q1_single(schema.clone(), batches.clone()).await?])?;
-        let single_s = t.elapsed().as_secs_f64();
-        let scan = tpch::to_csv(&tpch::scan_single(schema.clone(), batches.clone()).await?)?;
-        anyhow::Ok((q1, scan, single_s))
-    })?;
+    let (want_q1, want_scan, single_s) = references(&rt, &schema, &batches)?;
 
     let layouts = [Layout::Mirror, Layout::Parity];
     let models = [
@@ -287,6 +281,22 @@ pub fn run(args: SmartstoreArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The answers every run is checked against (Q1 and Scan in one DataFusion
+/// process, as CSV), and the seconds that Q1 took.
+fn references(
+    rt: &tokio::runtime::Runtime,
+    schema: &arrow::datatypes::SchemaRef,
+    batches: &[arrow::record_batch::RecordBatch],
+) -> anyhow::Result<(String, String, f64)> {
+    rt.block_on(async {
+        let t = std::time::Instant::now();
+        let q1 = tpch::to_csv(&[tpch::q1_single(schema.clone(), batches.to_vec()).await?])?;
+        let single_s = t.elapsed().as_secs_f64();
+        let scan = tpch::to_csv(&tpch::scan_single(schema.clone(), batches.to_vec()).await?)?;
+        anyhow::Ok((q1, scan, single_s))
+    })
+}
+
 /// DuckDB's result.
 struct Duck {
     median_s: f64,
@@ -441,11 +451,7 @@ fn run_recovery(args: SmartstoreArgs) -> anyhow::Result<ExitCode> {
     let scratch = tempfile::tempdir().context("scratch directory")?;
     eprintln!("generating lineitem at sf {sf} ...");
     let (schema, batches) = tpch::lineitem(sf)?;
-    let (want_q1, want_scan) = rt.block_on(async {
-        let q1 = tpch::to_csv(&[tpch::q1_single(schema.clone(), batches.clone()).await?])?;
-        let scan = tpch::to_csv(&tpch::scan_single(schema.clone(), batches.clone()).await?)?;
-        anyhow::Ok((q1, scan))
-    })?;
+    let (want_q1, want_scan, _) = references(&rt, &schema, &batches)?;
     let models = [
         DeviceModel::None,
         DeviceModel::Disk,

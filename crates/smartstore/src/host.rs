@@ -453,79 +453,21 @@ impl Cluster {
     /// Checkpoints every main node's `object` to its mirror node, or into
     /// the parity node's parity.
     pub async fn checkpoint_all(&mut self, object: &str) -> Result<Vec<(String, Stats)>> {
-        let n = self.spec.nodes;
-        // (target address, object name there, parity member of members)
-        type Target = (String, String, Option<(usize, usize)>);
-        let targets: Vec<Target> = match self.spec.layout {
-            Layout::Mirror => self
-                .mirror
-                .iter()
-                .map(|m| (m.addr().to_string(), names::ckpt(object), None))
-                .collect(),
-            Layout::Parity => {
-                let p = self
-                    .parity
-                    .as_ref()
-                    .expect("parity layout has a parity node");
-                (0..n)
-                    .map(|i| (p.addr().to_string(), names::parity(object), Some((i, n))))
-                    .collect()
-            }
-        };
-        let calls = self
-            .main
-            .iter_mut()
-            .zip(targets)
-            .map(|(c, (target, as_name, parity))| {
-                let cmd = CheckpointCmd {
-                    object: object.into(),
-                    target,
-                    as_name,
-                    parity,
-                };
-                async move {
-                    let s = c.checkpoint(&cmd).await?;
-                    Ok::<_, Error>((c.label().to_string(), s))
-                }
-            });
-        futures::future::try_join_all(calls).await
+        let mut workers = self.main_workers(object);
+        self.checkpoint_workers(&mut workers, object).await
     }
 
-    /// Runs one primitive on every main node.
-    /// `materialize` writes each output to the node's device.
-    pub async fn run_all(
-        &mut self,
-        input: &str,
-        output: &str,
-        primitive: &Primitive,
-        materialize: bool,
-    ) -> Result<Vec<(String, Stats)>> {
-        let f = Fragment {
-            input: input.into(),
-            output: output.into(),
-            primitive: primitive.clone(),
-            materialize,
-            also: vec![],
-        };
-        let calls = self.main.iter_mut().map(|c| {
-            let f = f.clone();
-            async move {
-                let s = c.run(&f).await?;
-                Ok::<_, Error>((c.label().to_string(), s))
-            }
-        });
-        futures::future::try_join_all(calls).await
-    }
-
-    /// Fetches `object` from every main node.
-    pub async fn collect(&mut self, object: &str) -> Result<(SchemaRef, Vec<RecordBatch>)> {
-        let calls = self
-            .main
-            .iter_mut()
-            .map(|c| async move { c.get_table(object, None, None).await });
-        let parts = futures::future::try_join_all(calls).await?;
-        let schema = parts[0].0.clone();
-        Ok((schema, parts.into_iter().flat_map(|p| p.1).collect()))
+    /// Every main node, working on `input`.
+    fn main_workers(&self, input: &str) -> Vec<Worker> {
+        self.main
+            .iter()
+            .enumerate()
+            .map(|(i, c)| Worker {
+                client: c.clone(),
+                inputs: vec![input.to_string()],
+                slot: Some(i),
+            })
+            .collect()
     }
 
     /// Runs a workload, failure-free; `checkpoint` makes Q1 checkpoint each
@@ -557,16 +499,7 @@ impl Cluster {
             }
         }
         let mut phases = Vec::new();
-        let mut workers: Vec<Worker> = self
-            .main
-            .iter()
-            .enumerate()
-            .map(|(i, c)| Worker {
-                client: c.clone(),
-                inputs: vec![names::LINEITEM.to_string()],
-                slot: Some(i),
-            })
-            .collect();
+        let mut workers = self.main_workers(names::LINEITEM);
         // After migration or redistribution the working set has no
         // redundancy group of its own: no further checkpoints.
         let mut degraded = false;

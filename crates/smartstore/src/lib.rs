@@ -16,7 +16,7 @@
 //! | row-wise and column-wise partitions, parity | [`redundancy`] |
 //! | query plan distributed to the nodes (2.3) | [`plan::Fragment`] |
 //! | primitives Scan, Sort, AggGrpSort bundle (2.3, 4.2) | [`plan::Primitive`], [`ops`] |
-//! | checkpoint per primitive (4.2) | [`host::Cluster::checkpoint_all`] |
+//! | checkpoint per primitive (4.2) | [`host::Cluster::checkpoint_all`], [`host::Cluster::run_query_with`] |
 //! | HP C2490A disk, MEMS G1 to G3 (5.2, Table 1) | [`devmodel`] |
 //! | Scan and TPC-H Q1 workloads (4) | [`tpch`] |
 //! | recovery schemes: spare, migration, redistribution, parity (3.1 to 3.4) | [`recovery`], [`host::Cluster::run_query_with`] |

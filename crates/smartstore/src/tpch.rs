@@ -75,11 +75,42 @@ pub fn scan_primitive() -> Primitive {
     }
 }
 
+/// `l_extendedprice * (1 - l_discount)`
+fn disc_price() -> Value {
+    Value::times(
+        Value::col("l_extendedprice"),
+        Value::minus(Value::Decimal("1.00".into()), Value::col("l_discount")),
+    )
+}
+
+/// `l_extendedprice * (1 - l_discount) * (1 + l_tax)`
+fn charge() -> Value {
+    Value::times(
+        disc_price(),
+        Value::plus(Value::Decimal("1.00".into()), Value::col("l_tax")),
+    )
+}
+
+/// Aggregates `df` by `(l_returnflag, l_linestatus)`, sorted by them, as
+/// one batch.
+async fn by_flag_and_status(df: DataFrame, aggs: Vec<Expr>) -> Result<RecordBatch> {
+    let c = |n: &str| col(format!("\"{n}\""));
+    let df = df
+        .aggregate(vec![c("l_returnflag"), c("l_linestatus")], aggs)?
+        .sort(vec![
+            c("l_returnflag").sort(true, false),
+            c("l_linestatus").sort(true, false),
+        ])?;
+    let batches = df.collect().await?;
+    Ok(arrow::compute::concat_batches(
+        &batches[0].schema(),
+        &batches,
+    )?)
+}
+
 /// Q1's three primitives, in order: Scan, Sort, and the bundle.
 pub fn q1_primitives() -> [Primitive; 3] {
     let price = || Value::col("l_extendedprice");
-    let one = || Value::Decimal("1.00".into());
-    let disc_price = || Value::times(price(), Value::minus(one(), Value::col("l_discount")));
     [
         Primitive::Scan {
             filter: vec![Predicate {
@@ -124,7 +155,7 @@ pub fn q1_primitives() -> [Primitive; 3] {
                 },
                 Aggregate {
                     func: AggFunc::Sum,
-                    arg: Value::times(disc_price(), Value::plus(one(), Value::col("l_tax"))),
+                    arg: charge(),
                     name: "sum_charge".into(),
                 },
                 Aggregate {
@@ -172,7 +203,6 @@ pub const Q1_SF1_ANSWER: [&str; 4] = [
 pub async fn q1_merge(schema: SchemaRef, partials: Vec<RecordBatch>) -> Result<RecordBatch> {
     let ctx = ops::context();
     let df = ops::frame(&ctx, schema, partials)?;
-    let c = |n: &str| col(format!("\"{n}\""));
     let sums = [
         "sum_qty",
         "sum_base_price",
@@ -181,17 +211,13 @@ pub async fn q1_merge(schema: SchemaRef, partials: Vec<RecordBatch>) -> Result<R
         "sum_disc",
         "count_order",
     ];
-    let df = df
-        .aggregate(
-            vec![c("l_returnflag"), c("l_linestatus")],
-            sums.iter().map(|s| agg::sum(c(s)).alias(*s)).collect(),
-        )?
-        .sort(vec![
-            c("l_returnflag").sort(true, false),
-            c("l_linestatus").sort(true, false),
-        ])?;
-    let batches = df.collect().await?;
-    let merged = arrow::compute::concat_batches(&batches[0].schema(), &batches)?;
+    let merged = by_flag_and_status(
+        df,
+        sums.iter()
+            .map(|s| agg::sum(col(format!("\"{s}\""))).alias(*s))
+            .collect(),
+    )
+    .await?;
     let get = |n: &str| merged.column_by_name(n).expect("merged column").clone();
     let counts = get("count_order");
     let counts = counts
@@ -201,8 +227,7 @@ pub async fn q1_merge(schema: SchemaRef, partials: Vec<RecordBatch>) -> Result<R
     let round = |a: &ArrayRef| round2(a, None);
     let avg = |a: &ArrayRef| round2(a, Some(counts));
     build_q1(
-        get("l_returnflag"),
-        get("l_linestatus"),
+        &merged,
         [
             round(&get("sum_qty"))?,
             round(&get("sum_base_price"))?,
@@ -212,7 +237,6 @@ pub async fn q1_merge(schema: SchemaRef, partials: Vec<RecordBatch>) -> Result<R
             avg(&get("sum_base_price"))?,
             avg(&get("sum_disc"))?,
         ],
-        Arc::new(counts.clone()),
     )
 }
 
@@ -223,72 +247,34 @@ pub async fn q1_single(schema: SchemaRef, batches: Vec<RecordBatch>) -> Result<R
     let [scan, _, _] = q1_primitives();
     let (s, scanned) = ops::run(&scan, schema, batches).await?;
     let df = ops::frame(&ctx, s.clone(), scanned)?;
-    let v = |x: &Value| ops::expr(x, &s);
-    let price = Value::col("l_extendedprice");
-    let disc_price = Value::times(
-        price.clone(),
-        Value::minus(Value::Decimal("1.00".into()), Value::col("l_discount")),
-    );
-    let charge = Value::times(
-        disc_price.clone(),
-        Value::plus(Value::Decimal("1.00".into()), Value::col("l_tax")),
-    );
     let c = |n: &str| col(format!("\"{n}\""));
-    let df = df
-        .aggregate(
-            vec![c("l_returnflag"), c("l_linestatus")],
-            vec![
-                agg::sum(c("l_quantity")).alias("sum_qty"),
-                agg::sum(c("l_extendedprice")).alias("sum_base_price"),
-                agg::sum(v(&disc_price)?).alias("sum_disc_price"),
-                agg::sum(v(&charge)?).alias("sum_charge"),
-                agg::avg(c("l_quantity")).alias("avg_qty"),
-                agg::avg(c("l_extendedprice")).alias("avg_price"),
-                agg::avg(c("l_discount")).alias("avg_disc"),
-                agg::count(c("l_quantity")).alias("count_order"),
-            ],
-        )?
-        .sort(vec![
-            c("l_returnflag").sort(true, false),
-            c("l_linestatus").sort(true, false),
-        ])?;
-    let batches = df.collect().await?;
-    let m = arrow::compute::concat_batches(&batches[0].schema(), &batches)?;
-    let get = |n: &str| m.column_by_name(n).expect("column").clone();
-    let counts = get("count_order");
-    let counts = counts
-        .as_any()
-        .downcast_ref::<Int64Array>()
-        .expect("count is Int64")
-        .clone();
-    let mut decs = Vec::new();
-    for n in [
-        "sum_qty",
-        "sum_base_price",
-        "sum_disc_price",
-        "sum_charge",
-        "avg_qty",
-        "avg_price",
-        "avg_disc",
-    ] {
-        decs.push(round2(&get(n), None)?);
-    }
-    build_q1(
-        get("l_returnflag"),
-        get("l_linestatus"),
-        decs.try_into().expect("7 columns"),
-        Arc::new(counts),
+    let m = by_flag_and_status(
+        df,
+        vec![
+            agg::sum(c("l_quantity")).alias("sum_qty"),
+            agg::sum(c("l_extendedprice")).alias("sum_base_price"),
+            agg::sum(ops::expr(&disc_price(), &s)?).alias("sum_disc_price"),
+            agg::sum(ops::expr(&charge(), &s)?).alias("sum_charge"),
+            agg::avg(c("l_quantity")).alias("avg_qty"),
+            agg::avg(c("l_extendedprice")).alias("avg_price"),
+            agg::avg(c("l_discount")).alias("avg_disc"),
+            agg::count(c("l_quantity")).alias("count_order"),
+        ],
     )
+    .await?;
+    let mut decs = Vec::new();
+    for n in &Q1_COLUMNS[2..9] {
+        decs.push(round2(m.column_by_name(n).expect("column"), None)?);
+    }
+    build_q1(&m, decs.try_into().expect("7 columns"))
 }
 
-fn build_q1(
-    flag: ArrayRef,
-    status: ArrayRef,
-    decs: [ArrayRef; 7],
-    count: ArrayRef,
-) -> Result<RecordBatch> {
-    let flag = arrow::compute::cast(&flag, &DataType::Utf8)?;
-    let status = arrow::compute::cast(&status, &DataType::Utf8)?;
+/// Q1's answer batch: the group keys and `count_order` from `groups`, the
+/// seven rounded decimal columns given.
+fn build_q1(groups: &RecordBatch, decs: [ArrayRef; 7]) -> Result<RecordBatch> {
+    let get = |n: &str| groups.column_by_name(n).expect("group column").clone();
+    let flag = arrow::compute::cast(&get("l_returnflag"), &DataType::Utf8)?;
+    let status = arrow::compute::cast(&get("l_linestatus"), &DataType::Utf8)?;
     let mut fields = vec![
         Field::new(Q1_COLUMNS[0], DataType::Utf8, false),
         Field::new(Q1_COLUMNS[1], DataType::Utf8, false),
@@ -299,7 +285,7 @@ fn build_q1(
     fields.push(Field::new(Q1_COLUMNS[9], DataType::Int64, true));
     let mut cols = vec![flag, status];
     cols.extend(decs);
-    cols.push(count);
+    cols.push(get("count_order"));
     Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), cols)?)
 }
 
