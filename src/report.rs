@@ -133,8 +133,28 @@ pub struct BarPanel {
     pub series: Vec<(String, Vec<f64>)>,
 }
 
-/// Draw panels side by side into a PNG.
+/// How a panel's series share a category.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Bars {
+    /// One bar per series, side by side.
+    Grouped,
+    /// One bar per category, the series stacked bottom to top (the
+    /// smart-storage paper's Figures 8 to 11).
+    Stacked,
+}
+
+/// Draw panels side by side into a PNG, one bar per series and category.
 pub fn bar_chart_png(path: &Path, title: &str, panels: &[BarPanel]) -> anyhow::Result<()> {
+    draw_bars(path, title, panels, Bars::Grouped)
+}
+
+/// Draw panels side by side into a PNG, one bar per category with the
+/// series stacked (e.g. I/O, compute, communication).
+pub fn stacked_bar_png(path: &Path, title: &str, panels: &[BarPanel]) -> anyhow::Result<()> {
+    draw_bars(path, title, panels, Bars::Stacked)
+}
+
+fn draw_bars(path: &Path, title: &str, panels: &[BarPanel], bars: Bars) -> anyhow::Result<()> {
     register_font()?;
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -147,15 +167,20 @@ pub fn bar_chart_png(path: &Path, title: &str, panels: &[BarPanel]) -> anyhow::R
     let areas = body.split_evenly((1, panels.len()));
     let palette = PALETTE;
     for (area, panel) in areas.iter().zip(panels) {
-        let max = panel
-            .series
-            .iter()
-            .flat_map(|(_, v)| v.iter().copied())
-            .fold(0.0f64, f64::max)
-            // Headroom for the legend in the upper right.
-            * 1.35;
         let n_cat = panel.categories.len();
         let n_ser = panel.series.len().max(1);
+        let tallest = match bars {
+            Bars::Grouped => panel
+                .series
+                .iter()
+                .flat_map(|(_, v)| v.iter().copied())
+                .fold(0.0f64, f64::max),
+            Bars::Stacked => (0..n_cat)
+                .map(|c| panel.series.iter().map(|(_, v)| v[c]).sum::<f64>())
+                .fold(0.0f64, f64::max),
+        };
+        // Headroom for the legend in the upper right.
+        let max = tallest * 1.35;
         let mut chart = ChartBuilder::on(area)
             .caption(&panel.title, ("sans-serif", 20))
             .margin(12)
@@ -180,6 +205,8 @@ pub fn bar_chart_png(path: &Path, title: &str, panels: &[BarPanel]) -> anyhow::R
                     thousands(v.round())
                 } else if v.fract() == 0.0 {
                     format!("{v:.0}")
+                } else if max < 10.0 {
+                    format!("{v:.2}")
                 } else {
                     format!("{v:.1}")
                 }
@@ -188,13 +215,29 @@ pub fn bar_chart_png(path: &Path, title: &str, panels: &[BarPanel]) -> anyhow::R
             .label_style(("sans-serif", 14))
             .draw()?;
         let bar_w = 0.8 / n_ser as f64;
+        let mut base = vec![0.0; n_cat];
         for (s, (name, values)) in panel.series.iter().enumerate() {
             let color = palette[s % palette.len()];
+            let rects: Vec<_> = values
+                .iter()
+                .enumerate()
+                .map(|(c, &v)| match bars {
+                    Bars::Grouped => {
+                        let x0 = c as f64 + 0.1 + s as f64 * bar_w;
+                        Rectangle::new([(x0, 0.0), (x0 + bar_w * 0.95, v)], color.filled())
+                    }
+                    Bars::Stacked => {
+                        let r = Rectangle::new(
+                            [(c as f64 + 0.15, base[c]), (c as f64 + 0.85, base[c] + v)],
+                            color.filled(),
+                        );
+                        base[c] += v;
+                        r
+                    }
+                })
+                .collect();
             chart
-                .draw_series(values.iter().enumerate().map(|(c, &v)| {
-                    let x0 = c as f64 + 0.1 + s as f64 * bar_w;
-                    Rectangle::new([(x0, 0.0), (x0 + bar_w * 0.95, v)], color.filled())
-                }))?
+                .draw_series(rects)?
                 .label(name.as_str())
                 .legend(move |(x, y)| {
                     Rectangle::new([(x, y - 6), (x + 14, y + 6)], color.filled())
@@ -281,97 +324,6 @@ pub fn line_chart_png(
         .background_style(WHITE.mix(0.85))
         .label_font(("sans-serif", 14))
         .draw()?;
-    root.present()
-        .with_context(|| format!("writing {}", path.display()))?;
-    Ok(())
-}
-
-/// One panel of a stacked bar chart: for each category one bar, made of
-/// one segment per component (e.g. I/O, compute, communication).
-#[derive(Debug)]
-pub struct StackPanel {
-    /// Panel title.
-    pub title: String,
-    /// Y axis label.
-    pub y_label: String,
-    /// Category names (x axis).
-    pub categories: Vec<String>,
-    /// `(component name, value per category)`, stacked bottom to top.
-    pub components: Vec<(String, Vec<f64>)>,
-}
-
-/// Draw stacked-bar panels side by side into a PNG (the layout of the
-/// smart-storage paper's Figures 8 to 11).
-pub fn stacked_bar_png(path: &Path, title: &str, panels: &[StackPanel]) -> anyhow::Result<()> {
-    register_font()?;
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    let width = 600 * panels.len() as u32;
-    let root = BitMapBackend::new(path, (width, 560)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let (head, body) = root.split_vertically(40);
-    head.titled(title, ("sans-serif", 24))?;
-    let areas = body.split_evenly((1, panels.len()));
-    for (area, panel) in areas.iter().zip(panels) {
-        let n_cat = panel.categories.len();
-        let max = (0..n_cat)
-            .map(|c| panel.components.iter().map(|(_, v)| v[c]).sum::<f64>())
-            .fold(0.0f64, f64::max)
-            * 1.35;
-        let mut chart = ChartBuilder::on(area)
-            .caption(&panel.title, ("sans-serif", 20))
-            .margin(12)
-            .x_label_area_size(70)
-            .y_label_area_size(70)
-            .build_cartesian_2d(0f64..n_cat as f64, 0f64..max.max(1e-9))?;
-        let cats = panel.categories.clone();
-        chart
-            .configure_mesh()
-            .disable_x_mesh()
-            .x_labels(n_cat * 2 + 1)
-            .x_label_formatter(&|x| {
-                let i = x.floor() as usize;
-                if (x - x.floor() - 0.5).abs() < 1e-6 && i < cats.len() {
-                    cats[i].clone()
-                } else {
-                    String::new()
-                }
-            })
-            .y_label_formatter(&|v| format!("{v:.2}"))
-            .y_desc(panel.y_label.as_str())
-            .label_style(("sans-serif", 13))
-            .draw()?;
-        let mut base = vec![0.0; n_cat];
-        for (s, (name, values)) in panel.components.iter().enumerate() {
-            let color = PALETTE[s % PALETTE.len()];
-            let bars: Vec<_> = values
-                .iter()
-                .enumerate()
-                .map(|(c, &v)| {
-                    let r = Rectangle::new(
-                        [(c as f64 + 0.15, base[c]), (c as f64 + 0.85, base[c] + v)],
-                        color.filled(),
-                    );
-                    base[c] += v;
-                    r
-                })
-                .collect();
-            chart
-                .draw_series(bars)?
-                .label(name.as_str())
-                .legend(move |(x, y)| {
-                    Rectangle::new([(x, y - 6), (x + 14, y + 6)], color.filled())
-                });
-        }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .border_style(BLACK)
-            .background_style(WHITE.mix(0.85))
-            .label_font(("sans-serif", 14))
-            .draw()?;
-    }
     root.present()
         .with_context(|| format!("writing {}", path.display()))?;
     Ok(())

@@ -24,7 +24,7 @@ use smartstore::recovery::{FailMode, Fault, Scheme};
 use smartstore::tpch;
 
 use super::CommonArgs;
-use crate::report::{StackPanel, Table, progress, stacked_bar_png};
+use crate::report::{BarPanel, Table, progress, stacked_bar_png};
 
 /// Options of `rebound bench smartstore`.
 #[derive(Debug, Args)]
@@ -257,11 +257,11 @@ pub fn run(args: SmartstoreArgs) -> anyhow::Result<ExitCode> {
                 .collect();
             let comp =
                 |f: fn(&QueryReport) -> f64| sel.iter().map(|r| f(&r.report)).collect::<Vec<f64>>();
-            panels.push(StackPanel {
+            panels.push(BarPanel {
                 title: format!("device model: {}", model.name()),
                 y_label: "execution time (s)".into(),
                 categories: cats,
-                components: vec![
+                series: vec![
                     ("I/O".into(), comp(|r| r.breakdown().0)),
                     ("compute".into(), comp(|r| r.breakdown().1)),
                     ("communication".into(), comp(|r| r.breakdown().2)),
@@ -625,11 +625,11 @@ fn run_recovery(args: SmartstoreArgs) -> anyhow::Result<ExitCode> {
                     let comp = |f: fn(&QueryReport) -> f64| {
                         sel.iter().map(|r| f(&r.2)).collect::<Vec<f64>>()
                     };
-                    StackPanel {
+                    BarPanel {
                         title: format!("device model: {}", m.name()),
                         y_label: "execution time (s)".into(),
                         categories: sel.iter().map(|r| r.1.label()).collect(),
-                        components: vec![
+                        series: vec![
                             ("I/O".into(), comp(|r| r.breakdown().0)),
                             ("compute".into(), comp(|r| r.breakdown().1)),
                             ("communication".into(), comp(|r| r.breakdown().2)),
