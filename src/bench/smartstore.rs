@@ -65,21 +65,20 @@ pub fn run(args: SmartstoreArgs) -> anyhow::Result<ExitCode> {
         return run_recovery(args);
     }
     let quick = args.common.quick;
-    let sf = args.sf.unwrap_or(if quick { 0.05 } else { 1.0 });
-    tpch::check_sf(sf)?;
     let runs = args.runs.unwrap_or(if quick { 1 } else { 3 });
     anyhow::ensure!((1..=20).contains(&runs), "--runs must be within 1..=20");
-    let exe = std::env::current_exe().context("locating this binary")?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let scratch = tempfile::tempdir().context("scratch directory")?;
-
-    eprintln!("generating lineitem at sf {sf} ...");
-    let (schema, batches) = tpch::lineitem(sf)?;
+    let Setup {
+        sf,
+        exe,
+        rt,
+        scratch,
+        schema,
+        batches,
+        want_q1,
+        want_scan,
+        single_s,
+    } = Setup::new(&args)?;
     let total_rows: usize = batches.iter().map(|b| b.num_rows()).sum();
-    let (want_q1, want_scan, single_s) = references(&rt, &schema, &batches)?;
 
     let layouts = [Layout::Mirror, Layout::Parity];
     let models = [
@@ -281,6 +280,50 @@ pub fn run(args: SmartstoreArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// What both modes start from: the data, the reference answers, a
+/// runtime and a scratch directory for the nodes.
+struct Setup {
+    sf: f64,
+    exe: std::path::PathBuf,
+    rt: tokio::runtime::Runtime,
+    scratch: tempfile::TempDir,
+    schema: arrow::datatypes::SchemaRef,
+    batches: Vec<arrow::record_batch::RecordBatch>,
+    want_q1: String,
+    want_scan: String,
+    /// Seconds Q1 took in one DataFusion process.
+    single_s: f64,
+}
+
+impl Setup {
+    fn new(args: &SmartstoreArgs) -> anyhow::Result<Setup> {
+        let sf = args
+            .sf
+            .unwrap_or(if args.common.quick { 0.05 } else { 1.0 });
+        tpch::check_sf(sf)?;
+        let exe = std::env::current_exe().context("locating this binary")?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        let scratch = tempfile::tempdir().context("scratch directory")?;
+        eprintln!("generating lineitem at sf {sf} ...");
+        let (schema, batches) = tpch::lineitem(sf)?;
+        let (want_q1, want_scan, single_s) = references(&rt, &schema, &batches)?;
+        Ok(Setup {
+            sf,
+            exe,
+            rt,
+            scratch,
+            schema,
+            batches,
+            want_q1,
+            want_scan,
+            single_s,
+        })
+    }
+}
+
 /// The answers every run is checked against (Q1 and Scan in one DataFusion
 /// process, as CSV), and the seconds that Q1 took.
 fn references(
@@ -441,17 +484,17 @@ fn dash(scenario: u8, v: f64) -> String {
 /// `rebound bench smartstore --recovery`: the scenarios of section 4.
 fn run_recovery(args: SmartstoreArgs) -> anyhow::Result<ExitCode> {
     let quick = args.common.quick;
-    let sf = args.sf.unwrap_or(if quick { 0.05 } else { 1.0 });
-    tpch::check_sf(sf)?;
-    let exe = std::env::current_exe().context("locating this binary")?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let scratch = tempfile::tempdir().context("scratch directory")?;
-    eprintln!("generating lineitem at sf {sf} ...");
-    let (schema, batches) = tpch::lineitem(sf)?;
-    let (want_q1, want_scan, _) = references(&rt, &schema, &batches)?;
+    let Setup {
+        sf,
+        exe,
+        rt,
+        scratch,
+        schema,
+        batches,
+        want_q1,
+        want_scan,
+        ..
+    } = Setup::new(&args)?;
     let models = [
         DeviceModel::None,
         DeviceModel::Disk,

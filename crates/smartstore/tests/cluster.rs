@@ -202,6 +202,24 @@ fn a_damaged_partition_is_an_error_naming_the_node_and_file_never_an_answer() {
     });
 }
 
+/// Four live in-process nodes, with `other` inserted at `at` in the
+/// address list (a fifth "node" that is dead or misbehaving).
+fn four_nodes_and(
+    dir: &std::path::Path,
+    at: usize,
+    other: &str,
+) -> (Vec<smartstore::node::InProcessNode>, Vec<String>) {
+    let live: Vec<_> = (0..4)
+        .map(|i| {
+            smartstore::node::InProcessNode::start(&dir.join(i.to_string()), DeviceModel::None)
+                .unwrap()
+        })
+        .collect();
+    let mut addrs: Vec<String> = live.iter().map(|n| n.addr.clone()).collect();
+    addrs.insert(at, other.to_string());
+    (live, addrs)
+}
+
 #[test]
 fn an_unreachable_node_is_named() {
     let rt = rt();
@@ -211,17 +229,7 @@ fn an_unreachable_node_is_named() {
         let dead = l.local_addr().unwrap().to_string();
         drop(l);
         let work = tempfile::tempdir().unwrap();
-        let live: Vec<_> = (0..4)
-            .map(|i| {
-                smartstore::node::InProcessNode::start(
-                    &work.path().join(i.to_string()),
-                    DeviceModel::None,
-                )
-                .unwrap()
-            })
-            .collect();
-        let mut addrs: Vec<String> = live.iter().map(|n| n.addr.clone()).collect();
-        addrs.insert(2, dead.clone());
+        let (_live, addrs) = four_nodes_and(work.path(), 2, &dead);
         let e = Cluster::connect(spec(Layout::Parity, false), &addrs)
             .await
             .unwrap_err()
@@ -398,17 +406,7 @@ fn a_misbehaving_node_that_speaks_no_flight_is_named() {
     let rt = rt();
     rt.block_on(async {
         let work = tempfile::tempdir().unwrap();
-        let live: Vec<_> = (0..4)
-            .map(|i| {
-                smartstore::node::InProcessNode::start(
-                    &work.path().join(i.to_string()),
-                    DeviceModel::None,
-                )
-                .unwrap()
-            })
-            .collect();
-        let mut addrs: Vec<String> = live.iter().map(|n| n.addr.clone()).collect();
-        addrs.insert(1, bad.clone());
+        let (_live, addrs) = four_nodes_and(work.path(), 1, &bad);
         let e = Cluster::connect(spec(Layout::Parity, false), &addrs)
             .await
             .unwrap_err()
