@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
-use arrow_flight::encode::FlightDataEncoderBuilder;
+use arrow_flight::encode::{DictionaryHandling, FlightDataEncoderBuilder};
 use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::{Action, FlightData, FlightDescriptor, Ticket};
 use futures::{StreamExt, TryStreamExt};
@@ -181,6 +181,9 @@ impl NodeClient {
         let messages: Vec<FlightData> = FlightDataEncoderBuilder::new()
             .with_schema(schema)
             .with_max_flight_data_size(MAX_BATCH_MESSAGE)
+            // Dictionaries travel as dictionaries, so a stored copy keeps the
+            // sender's types (and its bytes).
+            .with_dictionary_handling(DictionaryHandling::Resend)
             .with_flight_descriptor(Some(Self::descriptor(&cmd)))
             .build(futures::stream::iter(batches.into_iter().map(Ok)))
             .try_collect()

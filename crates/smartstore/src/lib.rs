@@ -25,6 +25,7 @@
 //! naming the file, never a wrong answer.
 
 pub mod client;
+pub mod columnar;
 pub mod devmodel;
 pub mod error;
 pub mod host;

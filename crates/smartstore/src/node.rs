@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
-use arrow_flight::encode::FlightDataEncoderBuilder;
+use arrow_flight::encode::{DictionaryHandling, FlightDataEncoderBuilder};
 use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
 use arrow_flight::{
     Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo,
@@ -37,6 +37,7 @@ use serde::{Deserialize, Serialize};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::client::NodeClient;
+use crate::columnar;
 use crate::devmodel::DeviceModel;
 use crate::error::{Error, Result};
 use crate::object::{self, Kind};
@@ -354,10 +355,7 @@ impl Node {
         };
         if let Some((schema, batches)) = table {
             let t = Instant::now();
-            let file = Arc::new(object::encode(
-                Kind::Table,
-                &object::ipc_encode(&schema, &batches)?,
-            ));
+            let file = Arc::new(object::table_file(&schema, &batches)?);
             stats.compute_s += t.elapsed().as_secs_f64();
             return Ok(file);
         }
@@ -398,7 +396,8 @@ impl Node {
     }
 
     /// Reads a table object, decoding only the `columns` named (all when
-    /// `None`).
+    /// `None`): from memory when held, else only those columns' segments off
+    /// the device (see [`crate::columnar`]).
     pub fn load_table(
         &self,
         name: &str,
@@ -406,25 +405,32 @@ impl Node {
         stats: &mut Stats,
     ) -> Result<(SchemaRef, Vec<RecordBatch>)> {
         let path = self.path(name)?;
-        let held_table = self.inner.lock().get(name).and_then(|h| h.table.clone());
-        let t;
-        let (schema, batches) = match held_table {
-            Some(tb) => {
-                t = Instant::now();
-                tb
-            }
-            None => {
-                let file = self.load(name, stats)?;
-                t = Instant::now();
+        let held = self
+            .inner
+            .lock()
+            .get(name)
+            .map(|h| (h.table.clone(), h.file.clone()));
+        let t = Instant::now();
+        let (schema, batches) = match held {
+            Some((Some(tb), _)) => tb,
+            Some((None, Some(file))) => {
                 let (kind, payload) = object::decode(&path, &file)?;
                 if kind != Kind::Table {
                     return Err(Error::object(&path, "is not a table"));
                 }
-                let projection = match columns {
-                    Some(cols) => Some(object::ipc_projection(&path, payload, cols)?),
-                    None => None,
-                };
-                object::ipc_decode_projected(&path, payload, projection)?
+                let table = columnar::decode(&path, payload, columns)?;
+                stats.compute_s += t.elapsed().as_secs_f64();
+                return Ok(table);
+            }
+            _ => {
+                let (table, cost) = columnar::read(&path, columns)?;
+                let modelled: Option<Duration> =
+                    cost.requests.iter().map(|&b| self.model.charge(b)).sum();
+                stats.io_real_s += cost.time.as_secs_f64();
+                stats.io_s += modelled.unwrap_or(cost.time).as_secs_f64();
+                stats.bytes_read += cost.bytes();
+                stats.compute_s += t.elapsed().saturating_sub(cost.time).as_secs_f64();
+                return Ok(table);
             }
         };
         let out = match columns {
@@ -473,7 +479,7 @@ impl Node {
         if placement != Placement::Memory {
             let t = Instant::now();
             let (_, b) = held.table.as_ref().expect("just set");
-            let file = object::encode(Kind::Table, &object::ipc_encode(schema, b)?);
+            let file = object::table_file(schema, b)?;
             stats.compute_s += t.elapsed().as_secs_f64();
             let t = Instant::now();
             object::write_file(&path, &file, placement == Placement::Durable)?;
@@ -656,14 +662,9 @@ impl Node {
                 stats.io_s += self.model.charge(max_src).map_or(0.0, |d| d.as_secs_f64());
                 let c = Instant::now();
                 let (schema, batches) = zip_columns(&parts)?;
-                let payload = object::ipc_encode(&schema, &batches)?;
+                let file = object::table_file(&schema, &batches)?;
                 stats.compute_s += c.elapsed().as_secs_f64();
-                self.store(
-                    name,
-                    object::encode(Kind::Table, &payload),
-                    Placement::Device,
-                    &mut stats,
-                )?;
+                self.store(name, file, Placement::Device, &mut stats)?;
             }
             RebuildCmd::Parity {
                 parity,
@@ -916,6 +917,9 @@ impl FlightService for NodeService {
                 let stream = FlightDataEncoderBuilder::new()
                     .with_schema(schema)
                     .with_max_flight_data_size(MAX_BATCH_MESSAGE)
+                    // Dictionaries travel as dictionaries, so a stored copy keeps the
+                    // sender's types (and its bytes).
+                    .with_dictionary_handling(DictionaryHandling::Resend)
                     .build(futures::stream::iter(batches.into_iter().map(Ok)))
                     .map_err(|e| Status::internal(e.to_string()));
                 Ok(Response::new(stream.boxed()))

@@ -10,8 +10,9 @@
 //!
 //! ```text
 //! offset size field
-//!      0    8 magic "RBSOBJ01"
-//!      8    1 kind: 1 = Arrow IPC stream (a table), 2 = raw bytes (parity)
+//!      0    8 magic "RBSOBJ02"
+//!      8    1 kind: 1 = a table (the columnar payload of
+//!                [`crate::columnar`]), 2 = raw bytes (parity)
 //!      9    7 reserved, zero
 //!     16    8 payload length in bytes (u64, little-endian)
 //!     24    4 crc32c of the payload
@@ -34,7 +35,7 @@ use arrow::record_batch::RecordBatch;
 use crate::error::{Error, Result};
 
 /// File magic of a stored object.
-pub const MAGIC: &[u8; 8] = b"RBSOBJ01";
+pub const MAGIC: &[u8; 8] = b"RBSOBJ02";
 /// Size of the header in bytes.
 pub const HEADER_LEN: usize = 32;
 
@@ -42,7 +43,7 @@ pub const HEADER_LEN: usize = 32;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Kind {
-    /// An Arrow IPC stream: a schema and record batches.
+    /// A table: one Arrow IPC stream per column ([`crate::columnar`]).
     Table = 1,
     /// Raw bytes (parity blocks).
     Raw = 2,
@@ -63,38 +64,43 @@ pub fn encode(kind: Kind, payload: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Checks a complete object file and returns its kind and payload.
-/// `path` only names the file in errors.
-pub fn decode<'a>(path: &Path, file: &'a [u8]) -> Result<(Kind, &'a [u8])> {
-    if file.len() < HEADER_LEN {
+/// Checks an object's header (the first bytes of its file, at least
+/// [`HEADER_LEN`] of them) against the file's length; returns its kind and
+/// payload length. `path` only names the file in errors.
+pub fn decode_header(path: &Path, head: &[u8], file_len: u64) -> Result<(Kind, u64)> {
+    if head.len() < HEADER_LEN {
         return Err(Error::object(
             path,
-            format!(
-                "truncated: {} bytes, shorter than the {HEADER_LEN}-byte header",
-                file.len()
-            ),
+            format!("truncated: {file_len} bytes, shorter than the {HEADER_LEN}-byte header"),
         ));
     }
-    if &file[..8] != MAGIC {
+    if &head[..8] != MAGIC {
         return Err(Error::object(path, "not a smartstore object (bad magic)"));
     }
-    let header_crc = u32::from_le_bytes(file[28..32].try_into().expect("4 bytes"));
-    if crc32c::crc32c(&file[..28]) != header_crc {
+    let header_crc = u32::from_le_bytes(head[28..32].try_into().expect("4 bytes"));
+    if crc32c::crc32c(&head[..28]) != header_crc {
         return Err(Error::object(path, "header fails its checksum"));
     }
-    let kind = match file[8] {
+    let kind = match head[8] {
         1 => Kind::Table,
         2 => Kind::Raw,
         k => return Err(Error::object(path, format!("unknown object kind {k}"))),
     };
-    let len = u64::from_le_bytes(file[16..24].try_into().expect("8 bytes"));
-    let have = (file.len() - HEADER_LEN) as u64;
+    let len = u64::from_le_bytes(head[16..24].try_into().expect("8 bytes"));
+    let have = file_len.saturating_sub(HEADER_LEN as u64);
     if len != have {
         return Err(Error::object(
             path,
             format!("truncated or extended: header says {len} payload bytes, file has {have}"),
         ));
     }
+    Ok((kind, len))
+}
+
+/// Checks a complete object file and returns its kind and payload.
+/// `path` only names the file in errors.
+pub fn decode<'a>(path: &Path, file: &'a [u8]) -> Result<(Kind, &'a [u8])> {
+    let (kind, _) = decode_header(path, file, file.len() as u64)?;
     let payload = &file[HEADER_LEN..];
     let crc = u32::from_le_bytes(file[24..28].try_into().expect("4 bytes"));
     if crc32c::crc32c(payload) != crc {
@@ -116,52 +122,13 @@ pub fn ipc_encode(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<Vec<u8>
     Ok(buf)
 }
 
-/// Decodes an Arrow IPC stream. `path` only names the file in errors.
-pub fn ipc_decode(path: &Path, payload: &[u8]) -> Result<(SchemaRef, Vec<RecordBatch>)> {
-    let reader = arrow::ipc::reader::StreamReader::try_new(payload, None)
-        .map_err(|e| Error::object(path, format!("not an Arrow IPC stream: {e}")))?;
-    let schema = reader.schema();
-    let batches = reader
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| Error::object(path, format!("damaged Arrow IPC stream: {e}")))?;
-    Ok((schema, batches))
-}
-
-/// Indices of `columns` in an IPC stream's schema (read from its first
-/// message only).
-pub fn ipc_projection(path: &Path, payload: &[u8], columns: &[String]) -> Result<Vec<usize>> {
-    let reader = arrow::ipc::reader::StreamReader::try_new(payload, None)
-        .map_err(|e| Error::object(path, format!("not an Arrow IPC stream: {e}")))?;
-    let schema = reader.schema();
-    columns
-        .iter()
-        .map(|c| {
-            schema
-                .index_of(c)
-                .map_err(|_| Error::Plan(format!("unknown column {c:?} in {}", path.display())))
-        })
-        .collect()
-}
-
-/// Decodes an Arrow IPC stream, only the `projection` columns when given
-/// (the others are skipped, not decoded).
-pub fn ipc_decode_projected(
-    path: &Path,
-    payload: &[u8],
-    projection: Option<Vec<usize>>,
-) -> Result<(SchemaRef, Vec<RecordBatch>)> {
-    let reader = arrow::ipc::reader::StreamReader::try_new(payload, projection.clone())
-        .map_err(|e| Error::object(path, format!("not an Arrow IPC stream: {e}")))?;
-    // The reader reports the stream's full schema; its batches carry the
-    // projected one.
-    let schema = match &projection {
-        Some(p) => std::sync::Arc::new(reader.schema().project(p)?),
-        None => reader.schema(),
-    };
-    let batches = reader
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| Error::object(path, format!("damaged Arrow IPC stream: {e}")))?;
-    Ok((schema, batches))
+/// A complete table object file: `batches` in the columnar payload of
+/// [`crate::columnar`].
+pub fn table_file(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<Vec<u8>> {
+    Ok(encode(
+        Kind::Table,
+        &crate::columnar::encode(schema, batches)?,
+    ))
 }
 
 /// Writes a complete object file to `path` atomically (temporary file,

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use arrow::datatypes::{DataType, SchemaRef};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use datafusion::datasource::MemTable;
 use datafusion::functions_aggregate::expr_fn as agg;
@@ -222,43 +222,38 @@ pub fn date32(s: &str) -> Result<i32> {
     Ok((era * 146097 + doe - 719468) as i32)
 }
 
-/// Casts every Utf8View column to Utf8, so stored partitions use the plain
-/// string layout every reader (and the IPC encoding) handles the same way.
-pub fn plain_strings(batch: &RecordBatch) -> Result<RecordBatch> {
+/// Casts the columns for which `to` names a type to that type; the others
+/// are kept as they are.
+pub fn retype(batch: &RecordBatch, to: impl Fn(&Field) -> Option<DataType>) -> Result<RecordBatch> {
     let schema = batch.schema();
-    if !schema
-        .fields()
-        .iter()
-        .any(|f| f.data_type() == &DataType::Utf8View)
-    {
-        return Ok(batch.clone());
+    let mut fields = Vec::with_capacity(schema.fields().len());
+    let mut cols = Vec::with_capacity(schema.fields().len());
+    for (f, c) in schema.fields().iter().zip(batch.columns()) {
+        match to(f).filter(|t| t != f.data_type()) {
+            Some(t) => {
+                cols.push(arrow::compute::cast(c, &t)?);
+                fields.push(Arc::new(f.as_ref().clone().with_data_type(t)));
+            }
+            None => {
+                cols.push(c.clone());
+                fields.push(f.clone());
+            }
+        }
     }
-    let fields: Vec<_> = schema
-        .fields()
-        .iter()
-        .map(|f| {
-            if f.data_type() == &DataType::Utf8View {
-                Arc::new(f.as_ref().clone().with_data_type(DataType::Utf8))
-            } else {
-                f.clone()
-            }
-        })
-        .collect();
-    let cols = batch
-        .columns()
-        .iter()
-        .map(|c| {
-            if c.data_type() == &DataType::Utf8View {
-                arrow::compute::cast(c, &DataType::Utf8)
-            } else {
-                Ok(c.clone())
-            }
-        })
-        .collect::<Result<Vec<_>, _>>()?;
     Ok(RecordBatch::try_new(
-        Arc::new(arrow::datatypes::Schema::new(fields)),
+        Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone())),
         cols,
     )?)
+}
+
+/// The plain layout every reader handles (DuckDB's input, for one):
+/// strings as Utf8, decimals as Decimal128 of the same precision and scale.
+pub fn plain_types(batch: &RecordBatch) -> Result<RecordBatch> {
+    retype(batch, |f| match f.data_type() {
+        DataType::Utf8View | DataType::Dictionary(..) => Some(DataType::Utf8),
+        DataType::Decimal32(p, s) | DataType::Decimal64(p, s) => Some(DataType::Decimal128(*p, *s)),
+        _ => None,
+    })
 }
 
 #[cfg(test)]
