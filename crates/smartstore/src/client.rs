@@ -13,8 +13,8 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::error::{Error, Result};
 use crate::node::{
-    CheckpointCmd, GetCmd, MAX_BATCH_MESSAGE, MAX_MESSAGE, PutCmd, RAW_CHUNK, RebuildCmd,
-    ScatterCmd, Stats,
+    CheckpointCmd, FLOW_WINDOW, GetCmd, MAX_BATCH_MESSAGE, MAX_MESSAGE, PutCmd, RAW_CHUNK,
+    RebuildCmd, ScatterCmd, Stats,
 };
 use crate::plan::Fragment;
 
@@ -37,6 +37,8 @@ impl NodeClient {
         let endpoint = Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|e| err(format!("bad address {addr:?}: {e}")))?
             .connect_timeout(CONNECT_TIMEOUT)
+            .initial_stream_window_size(Some(FLOW_WINDOW))
+            .initial_connection_window_size(Some(FLOW_WINDOW))
             .tcp_nodelay(true);
         let channel = endpoint.connect().await.map_err(|e| Error::NodeLost {
             node: label.to_string(),

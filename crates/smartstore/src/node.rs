@@ -53,6 +53,10 @@ pub const MAX_MESSAGE: usize = 64 << 20;
 /// from node to node: the redundancy layouts rely on that to rebuild a
 /// partition bit-exact.
 pub const MAX_BATCH_MESSAGE: usize = MAX_MESSAGE / 2;
+/// HTTP/2 flow-control window of a node's streams and connections, both
+/// directions. gRPC's default of 64 KiB makes a bulk transfer (a checkpoint
+/// or a rebuild moves tens of MB) wait for a window update every 64 KiB.
+pub const FLOW_WINDOW: u32 = 16 << 20;
 
 /// Where a node's time went while it served one request.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
@@ -1045,6 +1049,8 @@ pub async fn serve(
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE);
     tonic::transport::Server::builder()
+        .initial_stream_window_size(Some(FLOW_WINDOW))
+        .initial_connection_window_size(Some(FLOW_WINDOW))
         .add_service(svc)
         .serve_with_incoming_shutdown(
             tonic::transport::server::TcpIncoming::from(listener),
