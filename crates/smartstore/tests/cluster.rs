@@ -173,7 +173,7 @@ fn any_single_main_node_is_rebuilt_bit_exact_on_the_spare_for_each_layout() {
 }
 
 #[test]
-fn a_damaged_partition_is_an_error_naming_the_node_and_file_never_an_answer() {
+fn a_damaged_column_is_an_error_naming_the_node_and_file_for_every_query_that_reads_it() {
     let rt = rt();
     rt.block_on(async {
         let (schema, batches) = tpch::lineitem(SF).unwrap();
@@ -185,21 +185,46 @@ fn a_damaged_partition_is_an_error_naming_the_node_and_file_never_an_answer() {
         )
         .await
         .unwrap();
-        c.place(schema, &batches).await.unwrap();
+        c.place(schema.clone(), &batches).await.unwrap();
         // A scan leaves its output, not the partition, in the nodes' memory.
         c.run_query(Query::Scan, false).await.unwrap();
-        // Flip one byte in the middle of main 2's partition.
+        let want = tpch::to_csv(&c.run_query(Query::Q1, false).await.unwrap().result).unwrap();
         let path = c.dirs[2].join("lineitem.obj");
-        let mut bytes = std::fs::read(&path).unwrap();
-        let mid = bytes.len() / 2;
-        bytes[mid] ^= 1;
-        std::fs::write(&path, &bytes).unwrap();
+        let good = std::fs::read(&path).unwrap();
+        let flip_in = |column: &str| {
+            let (at, len) = column_segment(&good, schema.index_of(column).unwrap());
+            let mut bad = good.clone();
+            bad[at + len / 2] ^= 1;
+            std::fs::write(&path, &bad).unwrap();
+        };
+        // A column Q1 reads: an error, never an answer.
+        flip_in("l_extendedprice");
         let e = c.run_query(Query::Q1, false).await.unwrap_err().to_string();
         assert!(
             e.contains("main 2") && e.contains("lineitem.obj") && e.contains("checksum"),
             "{e}"
         );
+        // A column Q1 does not read: Q1's answer is unchanged, and the
+        // Scan, which reads every column, refuses the partition.
+        flip_in("l_comment");
+        let got = c.run_query(Query::Q1, false).await.unwrap().result;
+        assert_eq!(tpch::to_csv(&got).unwrap(), want);
+        let e = c
+            .run_query(Query::Scan, false)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("main 2") && e.contains("checksum"), "{e}");
     });
+}
+
+/// File offset and length of column `index`'s segment in a table object
+/// file (object header, then the directory of `smartstore::columnar`).
+fn column_segment(file: &[u8], index: usize) -> (usize, usize) {
+    let header = smartstore::object::HEADER_LEN;
+    let entry = header + 8 + 24 * (index + 1);
+    let word = |at: usize| u64::from_le_bytes(file[at..at + 8].try_into().unwrap()) as usize;
+    (header + word(entry), word(entry + 8))
 }
 
 /// Four live in-process nodes, with `other` inserted at `at` in the
