@@ -89,6 +89,11 @@ pub struct ServeArgs {
     /// at most this long for their checkpoint, e.g. 20ms [default: 20ms].
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     checkpoint_interval: Option<std::time::Duration>,
+    /// A task running longer than this is declared past its deadline and
+    /// fails with a time-out at its next check (a stalled step of a request
+    /// is redriven); 0s turns the watchdog off [default: 2s].
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    task_deadline: Option<std::time::Duration>,
     /// Under output commit, also end an epoch as soon as output waits and
     /// no request is in flight (at most every 100 µs), so a lightly loaded
     /// client does not wait a whole interval; false: commit only every
@@ -151,6 +156,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.checkpoint_interval {
             c.checkpoint_interval = v;
+        }
+        if let Some(v) = self.task_deadline {
+            c.task_deadline = v;
         }
         if let Some(v) = self.commit_when_idle {
             c.commit_when_idle = v;

@@ -96,6 +96,42 @@ fn a_failure_at_every_stage_is_recovered_at_rung_1_with_no_client_error() {
 }
 
 #[test]
+fn a_stalled_step_past_the_task_deadline_times_out_and_is_redriven_at_rung_1() {
+    let server = Server::start("16M", &["--task-deadline", "200ms"]);
+    let uri = server.uri();
+    let target = ["-f", "raw", uri.as_str()];
+    qemu_io(&target, &["write -P 0x5a 0 256k".into()]);
+    // A read's cache step stalls for 30 s: the watchdog declares the task
+    // past its deadline, the stall ends as a time-out, and the request is
+    // redriven.
+    let answer = server
+        .admin("inject delay cache.read duration=30s count=1")
+        .unwrap();
+    assert!(answer.contains("armed"), "{answer}");
+    let started = std::time::Instant::now();
+    qemu_io(&target, &["read -P 0x5a 0 256k".into()]);
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(10),
+        "the read waited out the stall ({took:?})"
+    );
+    let status = server.admin("status").unwrap();
+    assert_eq!(rung_count(&status, "task"), 1, "{status}");
+    assert!(
+        status.contains("stage cache.read failed; timeout:"),
+        "{status}"
+    );
+    let overdue: u64 = status
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some("cache"))
+        .and_then(|l| l.split_whitespace().nth(5))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no overdue count for cache:\n{status}"));
+    assert_eq!(overdue, 1, "{status}");
+    assert!(!server.log().contains("answering EIO"), "no request failed");
+}
+
+#[test]
 fn a_cache_frame_failing_its_check_word_is_rebuilt_at_rung_1() {
     let server = Server::start("16M", &[]);
     let uri = server.uri();

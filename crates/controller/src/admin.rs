@@ -14,7 +14,7 @@
 //! | `status` | groups, recoveries by rung, recent recoveries (rcs's and the controller's) |
 //! | `inject panic POINT [rate=P] [count=N]` | arm the named fault point to panic (rung 1: the request is redriven) |
 //! | `inject fail POINT [rate=P] [count=N]` | arm it to fail with a state error (rung 1) |
-//! | `inject delay POINT duration=D [rate=P] [count=N]` | arm it to stall (a task past its deadline) |
+//! | `inject delay POINT duration=D [rate=P] [count=N]` | arm it to stall: past `task_deadline` the watchdog ends the stall as a time-out |
 //! | `inject group-fault GROUP [rate=P] [duration=D]` | the scheduling paper's emulation: a fault per dispatch of GROUP with probability P, each recovery taking D (rung 2); `rate=0` stops it |
 //! | `inject corrupt-frame TRACK` | damage the check word of the cache frame holding TRACK (4 KiB units): the next read rebuilds it (rung 1) |
 //! | `inject unsolicited-completion [DEVICE]` | the device (default 0) reports a completion no submission is waiting for: ignored and counted (rung 1) |
@@ -509,13 +509,21 @@ fn status(ctl: &Controller) -> String {
     let _ = writeln!(out, "\ngroups:");
     let _ = writeln!(
         out,
-        "  {:<12} {:>10} {:>12} {:>8} {:>8} {:>8} {:>10} {:>10}",
-        "group", "state", "dispatched", "failed", "aborted", "injected", "recoveries", "queued"
+        "  {:<12} {:>10} {:>12} {:>8} {:>8} {:>8} {:>8} {:>10} {:>10}",
+        "group",
+        "state",
+        "dispatched",
+        "failed",
+        "aborted",
+        "overdue",
+        "injected",
+        "recoveries",
+        "queued"
     );
     for g in &m.groups {
         let _ = writeln!(
             out,
-            "  {:<12} {:>10} {:>12} {:>8} {:>8} {:>8} {:>10} {:>10}",
+            "  {:<12} {:>10} {:>12} {:>8} {:>8} {:>8} {:>8} {:>10} {:>10}",
             g.name,
             if g.recovering {
                 "RECOVERING"
@@ -525,6 +533,7 @@ fn status(ctl: &Controller) -> String {
             g.dispatched,
             g.failed,
             g.aborted,
+            g.overdue,
             g.injected,
             g.recoveries,
             g.queued.iter().sum::<usize>()

@@ -15,6 +15,7 @@
 //! workers = 0                              # 0: one per core
 //! policy = "dynamic"
 //! idle_spins = 1024                        # rcs worker spin before parking
+//! task_deadline = "2s"                     # a task running longer fails with a time-out (0s: off)
 //! metrics = "127.0.0.1:9109"               # optional
 //! admin = "./rebound-data/admin.sock"      # default: <data_dir>/admin.sock
 //! flush = "devices"
@@ -239,6 +240,12 @@ pub struct Config {
     pub policy: String,
     /// Scheduling rounds an idle rcs worker spins before parking.
     pub idle_spins: u32,
+    /// How long a task may run before the rcs watchdog declares it past its
+    /// deadline: it then fails with a time-out at its next check or stall
+    /// and is handled like any task failure (a redrive at rung 1). Zero:
+    /// no watchdog.
+    #[serde(deserialize_with = "de_duration")]
+    pub task_deadline: Duration,
     /// Prometheus endpoint (`http://ADDR/metrics`), if any.
     pub metrics: Option<SocketAddr>,
     /// Admin socket for `rebound status` and `rebound inject` (default:
@@ -289,6 +296,9 @@ impl Default for Config {
             // Measured with fio cache-standard: spinning ~100 µs before
             // parking saves a futex wake-up per request under load.
             idle_spins: 1024,
+            // Far above any step of a request (microseconds to a few ms,
+            // a modelled device included), well below a client's patience.
+            task_deadline: Duration::from_secs(2),
             metrics: None,
             admin: None,
             flush: FlushPolicy::Devices,
@@ -489,6 +499,15 @@ impl Config {
             return Err(invalid(
                 "device_queue_depth",
                 format!("must be in 1..={DEVICE_QUEUE_DEPTH_MAX}"),
+            ));
+        }
+        if !self.task_deadline.is_zero()
+            && (self.task_deadline < Duration::from_millis(1)
+                || self.task_deadline > Duration::from_secs(3600))
+        {
+            return Err(invalid(
+                "task_deadline",
+                "must be 0s (off) or between 1ms and 3600s",
             ));
         }
         if self.checkpoint_interval < Duration::from_micros(100)

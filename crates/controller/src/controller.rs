@@ -160,6 +160,7 @@ fn build_runtime(config: &Config) -> Result<(rcs::Runtime, Groups), OpenError> {
         .policy(policy)
         .queue_capacity(16_384)
         .idle_spins(config.idle_spins)
+        .task_deadline(Some(config.task_deadline).filter(|d| !d.is_zero()))
         .thread_name("rebound-worker");
     let ids: Vec<rcs::GroupId> = names
         .iter()

@@ -596,7 +596,12 @@ fn run_stage(ctx: &mut TaskCtx<'_>, req: Box<Request>, at: StageRef) -> Result<(
             ctl.system.park(req);
             return Ok(());
         }
-        at.point.check()?;
+        if let Err(f) = at.point.check() {
+            // The recovery record says what failed (a time-out from the
+            // deadline watchdog, an injected fault, ...).
+            req.note = Some(format!("{}: {}", f.class(), f.message()));
+            return Err(f);
+        }
         req.in_body = true;
         (at.stage)(ctx, req)
     })

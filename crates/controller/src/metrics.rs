@@ -398,7 +398,7 @@ impl Metrics {
 type GroupField = (&'static str, &'static str, fn(&rcs::GroupMetrics) -> u64);
 
 fn render_rcs(out: &mut String, r: &rcs::MetricsSnapshot) {
-    let fields: [GroupField; 8] = [
+    let fields: [GroupField; 9] = [
         (
             "rebound_rcs_dispatched_total",
             "Tasks dispatched, by recovery group.",
@@ -423,6 +423,11 @@ fn render_rcs(out: &mut String, r: &rcs::MetricsSnapshot) {
             "rebound_rcs_retried_total",
             "Recovery-point retries.",
             |g| g.retried,
+        ),
+        (
+            "rebound_rcs_overdue_total",
+            "Tasks declared past their deadline by the watchdog.",
+            |g| g.overdue,
         ),
         (
             "rebound_rcs_recoveries_total",

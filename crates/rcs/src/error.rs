@@ -142,6 +142,9 @@ pub enum BuildError {
     /// A drain timeout of zero.
     #[error("the recovery drain timeout must be positive (got {0:?})")]
     DrainTimeout(Duration),
+    /// A task deadline of zero.
+    #[error("the task deadline must be positive (got {0:?})")]
+    TaskDeadline(Duration),
     /// An idle spin count above the limit.
     #[error("idle spin count must be at most {max} (got {value})")]
     IdleSpins {

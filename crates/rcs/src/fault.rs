@@ -96,6 +96,9 @@ pub(crate) fn spend(d: Duration) {
     }
 }
 
+/// A `Delay` stall sleeps in slices of this, checking its task's deadline.
+const DELAY_SLICE: Duration = Duration::from_millis(1);
+
 /// What an armed fault point does when it fires.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FaultAction {
@@ -228,8 +231,22 @@ impl FaultPoint {
             )),
             FaultAction::Panic => panic!("fault injected at fault point {:?}", self.name),
             FaultAction::Delay(d) => {
-                std::thread::sleep(d);
-                Ok(())
+                // A stall: in a task under a deadline it ends when the
+                // watchdog declares the task overdue, as a time-out.
+                let until = std::time::Instant::now() + d;
+                loop {
+                    if crate::deadline::current_task_overdue() {
+                        return Err(Failure::timeout(format!(
+                            "stalled at fault point {:?} past the task's deadline",
+                            self.name
+                        )));
+                    }
+                    let left = until.saturating_duration_since(std::time::Instant::now());
+                    if left.is_zero() {
+                        return Ok(());
+                    }
+                    std::thread::sleep(left.min(DELAY_SLICE));
+                }
             }
         }
     }

@@ -15,6 +15,7 @@
 //! | §4.2 reactive RCS (suspend the recovering group) | [`RuntimeBuilder::reactive`], [`recovery`](crate::recovery) |
 //! | Figures 6, 7 QoS loop counts | [`QosLoops`] |
 //! | §5.1 static, §5.2 partial-dynamic (Figure 8, lease), §5.3 dynamic; the performance-oriented baseline | [`Policy`], [`worker`](crate::worker) |
+//! | §2.2 time-outs: a task past its deadline | [`RuntimeBuilder::task_deadline`], [`deadline`] |
 //! | §6.3.3 fault injection (probability per dispatch, emulated recovery time) | [`GroupSpec::inject_faults`], [`Handle::inject`], [`fault`] |
 //!
 //! ## Model
@@ -81,6 +82,7 @@
 
 pub mod admission;
 mod cleanup;
+pub mod deadline;
 mod error;
 mod events;
 mod failure;

@@ -49,6 +49,7 @@ pub(crate) struct GroupCounters {
     pub(crate) retried: Counter,
     pub(crate) ignored: Counter,
     pub(crate) injected: Counter,
+    pub(crate) overdue: Counter,
 }
 
 /// One worker's counters.
@@ -133,6 +134,8 @@ pub struct GroupMetrics {
     pub ignored: u64,
     /// Faults injected at dispatch.
     pub injected: u64,
+    /// Tasks the watchdog declared past their deadline.
+    pub overdue: u64,
     /// Group recoveries completed.
     pub recoveries: u64,
     /// Tasks running now.

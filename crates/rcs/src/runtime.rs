@@ -31,6 +31,7 @@ use hdrhistogram::Histogram;
 use parking_lot::Mutex;
 
 use crate::admission::Admission;
+use crate::deadline::TaskClock;
 use crate::error::{BuildError, ControlError, SubmitError};
 use crate::events::{RecoveryEvent, SystemFailure};
 use crate::failure::Failure;
@@ -85,6 +86,8 @@ pub(crate) struct WorkerSlot {
     pub(crate) thread: std::sync::OnceLock<Thread>,
     pub(crate) pool: PoolId,
     pub(crate) stats: CachePadded<WorkerStats>,
+    /// When the worker's current task started (see [`crate::deadline`]).
+    pub(crate) clock: CachePadded<TaskClock>,
 }
 
 /// State shared by the workers and every [`Handle`].
@@ -109,6 +112,8 @@ pub(crate) struct Shared {
     pub(crate) qos: QosLoops,
     pub(crate) lease_dispatches: u32,
     pub(crate) drain_timeout: Duration,
+    /// How long a task may run before it is declared past its deadline.
+    pub(crate) task_deadline: Option<Duration>,
     pub(crate) idle_spins: u32,
     pub(crate) workers: Box<[WorkerSlot]>,
     pub(crate) pool_sizes: Vec<usize>,
@@ -277,6 +282,7 @@ pub struct RuntimeBuilder {
     lease_dispatches: u32,
     queue_capacity: usize,
     drain_timeout: Duration,
+    task_deadline: Option<Duration>,
     idle_spins: u32,
     groups: Vec<GroupSpec>,
     system_recovery: Option<SystemRecovery>,
@@ -312,6 +318,7 @@ impl Default for RuntimeBuilder {
             lease_dispatches: 1,
             queue_capacity: QUEUE_CAPACITY_DEFAULT,
             drain_timeout: Duration::from_secs(1),
+            task_deadline: None,
             idle_spins: IDLE_SPINS_DEFAULT,
             groups: Vec::new(),
             system_recovery: None,
@@ -380,6 +387,14 @@ impl RuntimeBuilder {
     /// before escalating to system level (default 1 s).
     pub fn drain_timeout(&mut self, timeout: Duration) -> &mut Self {
         self.drain_timeout = timeout;
+        self
+    }
+
+    /// How long a task may run before the watchdog declares it past its
+    /// deadline; it then fails with a time-out at its next cooperative
+    /// check (see [`crate::deadline`]). `None` (the default): no watchdog.
+    pub fn task_deadline(&mut self, deadline: Option<Duration>) -> &mut Self {
+        self.task_deadline = deadline;
         self
     }
 
@@ -561,6 +576,9 @@ impl RuntimeBuilder {
         if self.drain_timeout.is_zero() {
             return Err(BuildError::DrainTimeout(self.drain_timeout));
         }
+        if let Some(d) = self.task_deadline.filter(|d| d.is_zero()) {
+            return Err(BuildError::TaskDeadline(d));
+        }
         if self.idle_spins > IDLE_SPINS_MAX {
             return Err(BuildError::IdleSpins {
                 value: self.idle_spins,
@@ -604,6 +622,7 @@ impl RuntimeBuilder {
                 thread: std::sync::OnceLock::new(),
                 pool,
                 stats: CachePadded::new(WorkerStats::new(self.groups.len())),
+                clock: CachePadded::new(TaskClock::default()),
             })
             .collect();
         let system_recovery = self.system_recovery.clone().unwrap_or_else(|| {
@@ -630,6 +649,7 @@ impl RuntimeBuilder {
             qos: self.qos,
             lease_dispatches: self.lease_dispatches,
             drain_timeout: self.drain_timeout,
+            task_deadline: self.task_deadline,
             idle_spins: self.idle_spins,
             workers,
             pool_sizes: layout.sizes.clone(),
@@ -661,6 +681,22 @@ impl RuntimeBuilder {
                 }
             }
         }
+        if let Some(deadline) = self.task_deadline {
+            let for_watchdog = Arc::clone(&shared);
+            let spawned = std::thread::Builder::new()
+                .name(format!("{}-watchdog", self.thread_name))
+                .spawn(move || crate::deadline::watchdog(for_watchdog, deadline));
+            match spawned {
+                Ok(handle) => threads.push(handle),
+                Err(e) => {
+                    drop(Runtime {
+                        handle: Handle { shared },
+                        threads,
+                    });
+                    return Err(BuildError::Spawn(e));
+                }
+            }
+        }
         Ok(Runtime {
             handle: Handle { shared },
             threads,
@@ -678,7 +714,7 @@ pub struct Runtime {
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Runtime")
-            .field("workers", &self.threads.len())
+            .field("workers", &self.handle.shared.workers.len())
             .field("policy", &self.handle.policy())
             .finish()
     }
@@ -909,6 +945,7 @@ impl Handle {
                     retried: sum(|c| c.retried.get()),
                     ignored: sum(|c| c.ignored.get()),
                     injected: sum(|c| c.injected.get()),
+                    overdue: sum(|c| c.overdue.get()),
                     recoveries: g.recoveries.load(Ordering::Relaxed),
                     running: g.admission.running(),
                     queued: g.queued(),

@@ -89,12 +89,20 @@ impl TaskCtx<'_> {
 
     /// The cooperative check: `Err` of class
     /// [`GroupRecovering`](crate::FailureClass::GroupRecovering) when the
-    /// task's group entered recovery. Propagate it with `?`: the task unwinds
-    /// through its clean-up blocks and ends, and its group's recovery goes on.
+    /// task's group entered recovery, of class
+    /// [`Timeout`](crate::FailureClass::Timeout) when the watchdog declared
+    /// the task past its deadline ([`crate::deadline`]). Propagate it with
+    /// `?`: the task unwinds through its clean-up blocks, and its recovery
+    /// points or its group's recovery decide what follows.
     #[inline]
     pub fn check(&self) -> Result<(), Failure> {
         if self.is_recovering() {
             Err(Failure::group_recovering())
+        } else if self.shared.workers[self.worker].clock.is_overdue() {
+            Err(Failure::timeout(format!(
+                "task {} past its deadline",
+                self.kind
+            )))
         } else {
             Ok(())
         }
@@ -158,6 +166,8 @@ impl TaskCtx<'_> {
 /// (a lock library reporting an acquisition, the panic hook).
 pub(crate) struct WorkerTls {
     pub(crate) shared: Arc<Shared>,
+    /// Index of this worker in the runtime.
+    pub(crate) index: usize,
     pub(crate) group: Cell<Option<GroupId>>,
     pub(crate) kind: Cell<&'static str>,
 }

@@ -60,6 +60,8 @@ pub(crate) struct Worker {
     cleanups: CleanupStack,
     busy_since: Option<Instant>,
     dispatches_since_flush: u32,
+    /// Tasks this worker started under a deadline (numbers its task clock).
+    tasks_started: u64,
 }
 
 /// Tasks queued in the structure the current policy does not use (a
@@ -87,6 +89,7 @@ impl Worker {
             cleanups: CleanupStack::default(),
             busy_since: None,
             dispatches_since_flush: 0,
+            tasks_started: 0,
         }
     }
 
@@ -96,6 +99,7 @@ impl Worker {
         WORKER.with(|w| {
             *w.borrow_mut() = Some(WorkerTls {
                 shared: Arc::clone(sh),
+                index: self.index,
                 group: std::cell::Cell::new(None),
                 kind: std::cell::Cell::new(""),
             });
@@ -350,6 +354,11 @@ impl Worker {
             worker: self.index,
             cleanups: &mut self.cleanups,
         };
+        let clock = sh.task_deadline.map(|_| &sh.workers[self.index].clock);
+        if let Some(c) = clock {
+            self.tasks_started += 1;
+            c.start(group.index(), self.tasks_started);
+        }
         IN_TASK.with(|t| t.set(true));
         let outcome = catch_unwind(AssertUnwindSafe(|| body(&mut ctx)));
         IN_TASK.with(|t| t.set(false));
@@ -368,6 +377,9 @@ impl Worker {
             },
         };
         set_current(None, "");
+        if let Some(c) = clock {
+            c.stop();
+        }
         result
     }
 
