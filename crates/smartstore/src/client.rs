@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
-use arrow_flight::encode::{DictionaryHandling, FlightDataEncoderBuilder};
 use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::{Action, FlightData, FlightDescriptor, Ticket};
 use futures::{StreamExt, TryStreamExt};
@@ -13,8 +12,8 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::error::{Error, Result};
 use crate::node::{
-    CheckpointCmd, FLOW_WINDOW, GetCmd, MAX_BATCH_MESSAGE, MAX_MESSAGE, PutCmd, RAW_CHUNK,
-    RebuildCmd, ScatterCmd, Stats,
+    CheckpointCmd, FLOW_WINDOW, GetCmd, MAX_MESSAGE, PutCmd, RAW_CHUNK, RebuildCmd, ScatterCmd,
+    Stats,
 };
 use crate::plan::Fragment;
 
@@ -180,17 +179,11 @@ impl NodeClient {
         schema: SchemaRef,
         batches: Vec<RecordBatch>,
     ) -> Result<Stats> {
-        let messages: Vec<FlightData> = FlightDataEncoderBuilder::new()
-            .with_schema(schema)
-            .with_max_flight_data_size(MAX_BATCH_MESSAGE)
-            // Dictionaries travel as dictionaries, so a stored copy keeps the
-            // sender's types (and its bytes).
-            .with_dictionary_handling(DictionaryHandling::Resend)
-            .with_flight_descriptor(Some(Self::descriptor(&cmd)))
-            .build(futures::stream::iter(batches.into_iter().map(Ok)))
-            .try_collect()
-            .await
-            .map_err(|e| self.err(e))?;
+        let messages: Vec<FlightData> =
+            crate::node::flight_encode(schema, batches, Some(Self::descriptor(&cmd)))
+                .try_collect()
+                .await
+                .map_err(|e| self.err(e))?;
         self.put(messages).await
     }
 

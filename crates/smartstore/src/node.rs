@@ -22,9 +22,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use arrow::array::{MutableArrayData, make_array};
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
-use arrow_flight::encode::{DictionaryHandling, FlightDataEncoderBuilder};
+use arrow_flight::encode::{DictionaryHandling, FlightDataEncoder, FlightDataEncoderBuilder};
 use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
 use arrow_flight::{
     Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo,
@@ -774,6 +775,46 @@ pub fn data_bytes(b: &RecordBatch) -> usize {
         .sum()
 }
 
+/// `b` with arrays that hold only their own rows' bytes. An array decoded
+/// zero-copy from a stored column segment slices that whole segment, and
+/// Flight's encoder sizes a batch by its buffers' capacity: it would split
+/// a 16,384-row block into many messages, and the receiver would no longer
+/// see the sender's row blocks.
+pub fn compact(b: RecordBatch) -> std::result::Result<RecordBatch, arrow::error::ArrowError> {
+    if b.get_array_memory_size() <= 2 * data_bytes(&b) + 4096 {
+        return Ok(b);
+    }
+    let cols = b
+        .columns()
+        .iter()
+        .map(|c| {
+            let d = c.to_data();
+            let mut m = MutableArrayData::new(vec![&d], false, d.len());
+            m.try_extend(0, 0, d.len())?;
+            Ok(make_array(m.freeze()))
+        })
+        .collect::<std::result::Result<Vec<_>, arrow::error::ArrowError>>()?;
+    RecordBatch::try_new(b.schema(), cols)
+}
+
+/// A table's batches as the Flight messages nodes and clients exchange:
+/// batches [`compact`]ed, split above [`MAX_BATCH_MESSAGE`], dictionaries
+/// sent as dictionaries (a stored copy keeps the sender's types and bytes).
+pub fn flight_encode(
+    schema: SchemaRef,
+    batches: Vec<RecordBatch>,
+    descriptor: Option<FlightDescriptor>,
+) -> FlightDataEncoder {
+    FlightDataEncoderBuilder::new()
+        .with_schema(schema)
+        .with_max_flight_data_size(MAX_BATCH_MESSAGE)
+        .with_dictionary_handling(DictionaryHandling::Resend)
+        .with_flight_descriptor(descriptor)
+        .build(futures::stream::iter(
+            batches.into_iter().map(|b| Ok(compact(b)?)),
+        ))
+}
+
 /// Joins the mirror nodes' column groups back into full row blocks.
 fn zip_columns(parts: &[(SchemaRef, Vec<RecordBatch>)]) -> Result<(SchemaRef, Vec<RecordBatch>)> {
     let blocks = parts.first().map_or(0, |p| p.1.len());
@@ -918,13 +959,7 @@ impl FlightService for NodeService {
                     .filter(|(b, _)| stride.is_none_or(|[i, n]| b % n == i))
                     .map(|(_, b)| b)
                     .collect();
-                let stream = FlightDataEncoderBuilder::new()
-                    .with_schema(schema)
-                    .with_max_flight_data_size(MAX_BATCH_MESSAGE)
-                    // Dictionaries travel as dictionaries, so a stored copy keeps the
-                    // sender's types (and its bytes).
-                    .with_dictionary_handling(DictionaryHandling::Resend)
-                    .build(futures::stream::iter(batches.into_iter().map(Ok)))
+                let stream = flight_encode(schema, batches, None)
                     .map_err(|e| Status::internal(e.to_string()));
                 Ok(Response::new(stream.boxed()))
             }
@@ -1128,5 +1163,43 @@ impl InProcessNode {
 impl Drop for InProcessNode {
     fn drop(&mut self) {
         self.halt();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::Int64Array;
+    use arrow::datatypes::{DataType, Field, Schema};
+
+    #[tokio::test]
+    async fn row_blocks_read_back_from_a_column_segment_cross_flight_unsplit() {
+        // 40 MB of one column in 16,384-row blocks: read back zero-copy,
+        // every block's array slices the whole 40 MB segment.
+        let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)]));
+        let blocks: Vec<RecordBatch> = (0..305i64)
+            .map(|b| {
+                let vals = Int64Array::from_iter_values((0..16_384).map(|i| b * 16_384 + i));
+                RecordBatch::try_new(schema.clone(), vec![Arc::new(vals)]).unwrap()
+            })
+            .collect();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.obj");
+        object::write_file(&path, &object::table_file(&schema, &blocks).unwrap(), false).unwrap();
+        let ((s, read), _) = columnar::read(&path, None).unwrap();
+        assert!(read[0].get_array_memory_size() > MAX_BATCH_MESSAGE);
+        let small = compact(read[7].clone()).unwrap();
+        assert_eq!(small, blocks[7]);
+        assert!(small.get_array_memory_size() < 2 * data_bytes(&small) + 4096);
+
+        let messages: Vec<FlightData> = flight_encode(s, read, None).try_collect().await.unwrap();
+        let decoded: Vec<RecordBatch> =
+            arrow_flight::decode::FlightRecordBatchStream::new_from_flight_data(
+                futures::stream::iter(messages.into_iter().map(Ok)),
+            )
+            .try_collect()
+            .await
+            .unwrap();
+        assert_eq!(decoded, blocks, "same row blocks, none split");
     }
 }
