@@ -22,8 +22,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arrow::array::{MutableArrayData, make_array};
-use arrow::datatypes::SchemaRef;
+use arrow::array::{ArrayData, MutableArrayData, make_array};
+use arrow::datatypes::{DataType, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use arrow_flight::encode::{DictionaryHandling, FlightDataEncoder, FlightDataEncoderBuilder};
 use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
@@ -787,14 +787,32 @@ pub fn compact(b: RecordBatch) -> std::result::Result<RecordBatch, arrow::error:
     let cols = b
         .columns()
         .iter()
-        .map(|c| {
-            let d = c.to_data();
-            let mut m = MutableArrayData::new(vec![&d], false, d.len());
-            m.try_extend(0, 0, d.len())?;
-            Ok(make_array(m.freeze()))
-        })
+        .map(|c| Ok(make_array(compact_data(&c.to_data())?)))
         .collect::<std::result::Result<Vec<_>, arrow::error::ArrowError>>()?;
     RecordBatch::try_new(b.schema(), cols)
+}
+
+/// A copy of `d` holding only its own rows. A dictionary's values are
+/// copied too (they may slice a shared buffer as well), in the same order,
+/// so the copy encodes to the same bytes.
+fn compact_data(d: &ArrayData) -> std::result::Result<ArrayData, arrow::error::ArrowError> {
+    if let DataType::Dictionary(key, _) = d.data_type() {
+        let keys = ArrayData::builder(key.as_ref().clone())
+            .len(d.len())
+            .offset(d.offset())
+            .nulls(d.nulls().cloned())
+            .buffers(d.buffers().to_vec())
+            .build()?;
+        let values = compact_data(&d.child_data()[0])?;
+        return compact_data(&keys)?
+            .into_builder()
+            .data_type(d.data_type().clone())
+            .child_data(vec![values])
+            .build();
+    }
+    let mut m = MutableArrayData::new(vec![d], false, d.len());
+    m.try_extend(0, 0, d.len())?;
+    Ok(m.freeze())
 }
 
 /// A table's batches as the Flight messages nodes and clients exchange:
@@ -819,9 +837,17 @@ pub fn flight_encode(
 fn zip_columns(parts: &[(SchemaRef, Vec<RecordBatch>)]) -> Result<(SchemaRef, Vec<RecordBatch>)> {
     let blocks = parts.first().map_or(0, |p| p.1.len());
     if parts.iter().any(|p| p.1.len() != blocks) {
-        return Err(Error::Redundancy(
-            "mirror nodes disagree on the number of row blocks".into(),
-        ));
+        let counts: Vec<String> = parts
+            .iter()
+            .map(|p| {
+                let rows: usize = p.1.iter().map(|b| b.num_rows()).sum();
+                format!("{} blocks / {rows} rows", p.1.len())
+            })
+            .collect();
+        return Err(Error::Redundancy(format!(
+            "mirror nodes disagree on the number of row blocks ({})",
+            counts.join(", ")
+        )));
     }
     let fields: Vec<_> = parts
         .iter()
@@ -1169,18 +1195,26 @@ impl Drop for InProcessNode {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use arrow::array::Int64Array;
-    use arrow::datatypes::{DataType, Field, Schema};
+    use arrow::array::{Int64Array, StringArray};
+    use arrow::datatypes::{Field, Schema};
 
     #[tokio::test]
     async fn row_blocks_read_back_from_a_column_segment_cross_flight_unsplit() {
-        // 40 MB of one column in 16,384-row blocks: read back zero-copy,
-        // every block's array slices the whole 40 MB segment.
-        let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)]));
+        // 40 MB per column in 16,384-row blocks: read back zero-copy, every
+        // block's arrays (a dictionary's values too) slice the whole segment.
+        let dict = DataType::Dictionary(Box::new(DataType::Int64), Box::new(DataType::Utf8));
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("v", DataType::Int64, false),
+            Field::new("d", dict.clone(), false),
+        ]));
         let blocks: Vec<RecordBatch> = (0..305i64)
             .map(|b| {
                 let vals = Int64Array::from_iter_values((0..16_384).map(|i| b * 16_384 + i));
-                RecordBatch::try_new(schema.clone(), vec![Arc::new(vals)]).unwrap()
+                let names = StringArray::from_iter_values(
+                    (0..16_384).map(|i| ["ship", "rail", "air"][((b + i) % 3) as usize]),
+                );
+                let d = arrow::compute::cast(&names, &dict).unwrap();
+                RecordBatch::try_new(schema.clone(), vec![Arc::new(vals), d]).unwrap()
             })
             .collect();
         let dir = tempfile::tempdir().unwrap();
