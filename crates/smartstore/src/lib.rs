@@ -14,6 +14,7 @@
 //! | smart node (SD, SM), section 2.2 | [`node::Node`], `rebound node` |
 //! | storage group, mirror group (3.1), parity node (3.4) | [`host::Cluster`], [`host::Layout`] |
 //! | row-wise and column-wise partitions, parity | [`redundancy`] |
+//! | a node's stored partition (row-wise across nodes, column by column inside one) | [`columnar`], [`object`] |
 //! | query plan distributed to the nodes (2.3) | [`plan::Fragment`] |
 //! | primitives Scan, Sort, AggGrpSort bundle (2.3, 4.2) | [`plan::Primitive`], [`ops`] |
 //! | checkpoint per primitive (4.2) | [`host::Cluster::checkpoint_all`], [`host::Cluster::run_query_with`] |
