@@ -6,11 +6,11 @@
 //! resource. A task cannot be interrupted from outside, so detection is
 //! split in two:
 //!
-//! - each worker keeps a [`TaskClock`]: when its current task was
-//!   dispatched, and whether the task has been declared overdue;
+//! - each worker keeps a task clock: which of its tasks is running, and
+//!   whether that task has been declared overdue;
 //! - a watchdog thread (started when [`RuntimeBuilder::task_deadline`] is
-//!   set) scans the clocks every quarter deadline and marks every task
-//!   running for longer than the deadline overdue, counting it in its
+//!   set) scans the clocks every quarter deadline (1 to 100 ms) and marks a
+//!   task it has seen running for the deadline overdue, counting it in its
 //!   group's `overdue` metric.
 //!
 //! An overdue task learns it at its next cooperative check
