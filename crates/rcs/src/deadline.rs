@@ -20,6 +20,14 @@
 //! recovery points like any other failure, so the embedder's handlers
 //! decide whether to retry, redrive or escalate.
 //!
+//! A task that never checks (a loop without a check, a call that never
+//! returns) cannot learn it. With [`RuntimeBuilder::hung_after`] set, the
+//! watchdog calls such a task hung once it has run that long and recovers
+//! its group from outside: the group is suspended and its other tasks
+//! clean up, and since the hung task never drains, the drain time-out
+//! escalates to system level (the embedder's next rung), while the other
+//! groups keep running.
+//!
 //! The clock is one atomic word per worker, `task << 1 | overdue`, where
 //! `task` numbers the worker's tasks (never 0; 0 is idle), so the hot path
 //! pays one store per task and reads no clock. The watchdog times how long
@@ -29,12 +37,14 @@
 //! running between one deadline and one deadline plus one scan interval.
 //!
 //! [`RuntimeBuilder::task_deadline`]: crate::RuntimeBuilder::task_deadline
+//! [`RuntimeBuilder::hung_after`]: crate::RuntimeBuilder::hung_after
 //! [`TaskCtx::check`]: crate::TaskCtx::check
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::failure::Failure;
 use crate::runtime::Shared;
 
 /// Shortest and longest interval between two watchdog scans.
@@ -72,38 +82,78 @@ impl TaskClock {
     }
 }
 
-/// What the watchdog last saw on one worker: the clock word and since when.
+/// What the watchdog last saw on one worker: the clock word, since when,
+/// and whether it already started a recovery for that task.
 #[derive(Debug, Clone, Copy)]
 struct Seen {
     word: u64,
     since: Instant,
+    escalated: bool,
+}
+
+impl Seen {
+    fn new(now: Instant) -> Self {
+        Self {
+            word: 0,
+            since: now,
+            escalated: false,
+        }
+    }
+}
+
+/// What one look at a worker's clock found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    /// Nothing to do.
+    Fine,
+    /// This look marked the task of this group overdue.
+    Overdue(usize),
+    /// The task of this group, already overdue, has run for `hung_after`
+    /// without ending: it does not check, so its group must recover.
+    Hung(usize),
 }
 
 /// Looks at `clock` at `now`; marks its task overdue when the same task
-/// has been seen running for `deadline`. Returns the group of a task this
-/// call marked.
-fn observe(clock: &TaskClock, seen: &mut Seen, now: Instant, deadline: Duration) -> Option<usize> {
+/// has been seen running for `deadline`, and calls it hung once it has
+/// been seen running for `hung_after`.
+fn observe(
+    clock: &TaskClock,
+    seen: &mut Seen,
+    now: Instant,
+    deadline: Duration,
+    hung_after: Option<Duration>,
+) -> Verdict {
     let w = clock.word.load(Ordering::Acquire);
-    if w != seen.word {
+    if w & !1 != seen.word & !1 {
         *seen = Seen {
             word: w,
             since: now,
+            escalated: false,
         };
-        return None;
+        return Verdict::Fine;
     }
-    if w == 0 || w & 1 != 0 || now.duration_since(seen.since) < deadline {
-        return None;
+    let running = now.duration_since(seen.since);
+    if w == 0 || running < deadline {
+        return Verdict::Fine;
     }
     let group = clock.group.load(Ordering::Relaxed);
+    if w & 1 != 0 {
+        seen.word = w;
+        if !seen.escalated && hung_after.is_some_and(|h| running >= h) {
+            seen.escalated = true;
+            return Verdict::Hung(group);
+        }
+        return Verdict::Fine;
+    }
     match clock
         .word
         .compare_exchange(w, w | 1, Ordering::AcqRel, Ordering::Relaxed)
     {
         Ok(_) => {
             seen.word = w | 1;
-            Some(group)
+            Verdict::Overdue(group)
         }
-        Err(_) => None,
+        Err(_) => Verdict::Fine,
     }
 }
 
@@ -113,30 +163,48 @@ pub(crate) fn tick(deadline: Duration) -> Duration {
 }
 
 /// The watchdog thread's body: scans until the runtime shuts down.
-pub(crate) fn watchdog(shared: Arc<Shared>, deadline: Duration) {
+pub(crate) fn watchdog(shared: Arc<Shared>, deadline: Duration, hung_after: Option<Duration>) {
     let tick = tick(deadline);
-    let start = Instant::now();
-    let mut seen = vec![
-        Seen {
-            word: 0,
-            since: start
-        };
-        shared.workers.len()
-    ];
+    let mut seen = vec![Seen::new(Instant::now()); shared.workers.len()];
     while !shared.shutdown.load(Ordering::SeqCst) {
         std::thread::sleep(tick);
         let now = Instant::now();
         for (index, (w, seen)) in shared.workers.iter().zip(&mut seen).enumerate() {
-            if let Some(g) = observe(&w.clock, seen, now, deadline) {
-                w.stats.groups[g].overdue.bump();
-                tracing::warn!(
-                    worker = index,
-                    group = %shared.groups[g].name,
-                    deadline_ms = deadline.as_millis() as u64,
-                    "task past its deadline: it fails with a time-out at its next check"
-                );
+            match observe(&w.clock, seen, now, deadline, hung_after) {
+                Verdict::Fine => {}
+                Verdict::Overdue(g) => {
+                    w.stats.groups[g].overdue.bump();
+                    tracing::warn!(
+                        worker = index,
+                        group = %shared.groups[g].name,
+                        deadline_ms = deadline.as_millis() as u64,
+                        "task past its deadline: it fails with a time-out at its next check"
+                    );
+                }
+                Verdict::Hung(g) => escalate_hung(&shared, index, g, now - seen.since),
             }
         }
+    }
+}
+
+/// A task that ignored its overdue mark: recover its group from outside
+/// (on a thread of its own, so the watchdog keeps scanning). The hung task
+/// cannot drain, so with reactive scheduling the recovery's drain time-out
+/// escalates to system level, the embedder's next rung.
+fn escalate_hung(shared: &Arc<Shared>, worker: usize, g: usize, running: Duration) {
+    let group = crate::group::GroupId(g as u8);
+    let name = shared.groups[g].name.clone();
+    tracing::error!(worker, group = %name, ?running,
+        "task hung past its deadline without checking: recovering its group");
+    let failure = Failure::timeout(format!(
+        "a task of group {name} on worker {worker} hung: running for {running:?}, past its deadline, without checking"
+    ));
+    let sh = Arc::clone(shared);
+    let spawned = std::thread::Builder::new()
+        .name("rcs-hung-recovery".into())
+        .spawn(move || sh.recover_group(group, failure, 0));
+    if let Err(e) = spawned {
+        tracing::error!(error = %e, "could not start the recovery of a hung task's group");
     }
 }
 
@@ -158,23 +226,48 @@ mod tests {
         let d = Duration::from_millis(10);
         let t0 = Instant::now();
         let c = TaskClock::default();
-        let mut seen = Seen { word: 0, since: t0 };
-        assert_eq!(observe(&c, &mut seen, t0 + d * 5, d), None, "idle");
+        let mut seen = Seen::new(t0);
+        assert_eq!(
+            observe(&c, &mut seen, t0 + d * 5, d, None),
+            Verdict::Fine,
+            "idle"
+        );
         c.start(3, 7);
-        assert_eq!(observe(&c, &mut seen, t0 + d, d), None, "first seen");
-        assert_eq!(observe(&c, &mut seen, t0 + d + d / 2, d), None, "not yet");
+        assert_eq!(
+            observe(&c, &mut seen, t0 + d, d, None),
+            Verdict::Fine,
+            "first seen"
+        );
+        assert_eq!(
+            observe(&c, &mut seen, t0 + d + d / 2, d, None),
+            Verdict::Fine,
+            "not yet"
+        );
         assert!(!c.is_overdue());
-        assert_eq!(observe(&c, &mut seen, t0 + d * 2, d), Some(3));
+        assert_eq!(
+            observe(&c, &mut seen, t0 + d * 2, d, None),
+            Verdict::Overdue(3)
+        );
         assert!(c.is_overdue());
-        assert_eq!(observe(&c, &mut seen, t0 + d * 9, d), None, "marked once");
+        assert_eq!(
+            observe(&c, &mut seen, t0 + d * 9, d, None),
+            Verdict::Fine,
+            "marked once"
+        );
         // The next task starts clean, and its time counts from when it is
         // first seen, not from the old task's.
         c.stop();
         c.start(1, 8);
         assert!(!c.is_overdue());
-        assert_eq!(observe(&c, &mut seen, t0 + d * 10, d), None);
-        assert_eq!(observe(&c, &mut seen, t0 + d * 10 + d / 2, d), None);
-        assert_eq!(observe(&c, &mut seen, t0 + d * 11, d), Some(1));
+        assert_eq!(observe(&c, &mut seen, t0 + d * 10, d, None), Verdict::Fine);
+        assert_eq!(
+            observe(&c, &mut seen, t0 + d * 10 + d / 2, d, None),
+            Verdict::Fine
+        );
+        assert_eq!(
+            observe(&c, &mut seen, t0 + d * 11, d, None),
+            Verdict::Overdue(1)
+        );
     }
 
     #[test]
@@ -182,13 +275,46 @@ mod tests {
         let d = Duration::from_millis(10);
         let t0 = Instant::now();
         let c = TaskClock::default();
-        let mut seen = Seen { word: 0, since: t0 };
+        let mut seen = Seen::new(t0);
         c.start(0, 1);
-        assert_eq!(observe(&c, &mut seen, t0, d), None);
+        assert_eq!(observe(&c, &mut seen, t0, d, None), Verdict::Fine);
         c.stop();
         c.start(0, 2);
-        assert_eq!(observe(&c, &mut seen, t0 + d * 3, d), None, "another task");
+        assert_eq!(
+            observe(&c, &mut seen, t0 + d * 3, d, None),
+            Verdict::Fine,
+            "another task"
+        );
         assert!(!c.is_overdue());
+    }
+
+    #[test]
+    fn an_overdue_task_still_running_at_hung_after_is_called_hung_once() {
+        let d = Duration::from_millis(10);
+        let hung = Some(d * 5);
+        let t0 = Instant::now();
+        let c = TaskClock::default();
+        let mut seen = Seen::new(t0);
+        c.start(2, 1);
+        assert_eq!(observe(&c, &mut seen, t0, d, hung), Verdict::Fine);
+        assert_eq!(observe(&c, &mut seen, t0 + d, d, hung), Verdict::Overdue(2));
+        assert_eq!(observe(&c, &mut seen, t0 + d * 4, d, hung), Verdict::Fine);
+        assert_eq!(
+            observe(&c, &mut seen, t0 + d * 5, d, hung),
+            Verdict::Hung(2)
+        );
+        assert_eq!(
+            observe(&c, &mut seen, t0 + d * 9, d, hung),
+            Verdict::Fine,
+            "once"
+        );
+        // Without hung_after an overdue task is never escalated.
+        let mut seen = Seen::new(t0);
+        c.stop();
+        c.start(2, 2);
+        assert_eq!(observe(&c, &mut seen, t0, d, None), Verdict::Fine);
+        assert_eq!(observe(&c, &mut seen, t0 + d, d, None), Verdict::Overdue(2));
+        assert_eq!(observe(&c, &mut seen, t0 + d * 50, d, None), Verdict::Fine);
     }
 
     #[test]

@@ -145,6 +145,14 @@ pub enum BuildError {
     /// A task deadline of zero.
     #[error("the task deadline must be positive (got {0:?})")]
     TaskDeadline(Duration),
+    /// A hung-task escalation without a deadline, or not after it.
+    #[error("hung_after ({hung_after:?}) needs a task deadline shorter than it (got {deadline:?})")]
+    HungAfter {
+        /// The value given.
+        hung_after: Duration,
+        /// The task deadline, if any.
+        deadline: Option<Duration>,
+    },
     /// An idle spin count above the limit.
     #[error("idle spin count must be at most {max} (got {value})")]
     IdleSpins {

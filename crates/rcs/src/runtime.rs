@@ -283,6 +283,7 @@ pub struct RuntimeBuilder {
     queue_capacity: usize,
     drain_timeout: Duration,
     task_deadline: Option<Duration>,
+    hung_after: Option<Duration>,
     idle_spins: u32,
     groups: Vec<GroupSpec>,
     system_recovery: Option<SystemRecovery>,
@@ -319,6 +320,7 @@ impl Default for RuntimeBuilder {
             queue_capacity: QUEUE_CAPACITY_DEFAULT,
             drain_timeout: Duration::from_secs(1),
             task_deadline: None,
+            hung_after: None,
             idle_spins: IDLE_SPINS_DEFAULT,
             groups: Vec::new(),
             system_recovery: None,
@@ -395,6 +397,18 @@ impl RuntimeBuilder {
     /// check (see [`crate::deadline`]). `None` (the default): no watchdog.
     pub fn task_deadline(&mut self, deadline: Option<Duration>) -> &mut Self {
         self.task_deadline = deadline;
+        self
+    }
+
+    /// A task still running this long (more than the
+    /// [`task_deadline`](Self::task_deadline)) after it was dispatched has
+    /// ignored its time-out: the watchdog starts a recovery of its group
+    /// from outside, which, the hung task never draining, escalates to
+    /// system level after the [`drain_timeout`](Self::drain_timeout) under
+    /// reactive scheduling. `None` (the default): an overdue task is only
+    /// marked and counted.
+    pub fn hung_after(&mut self, after: Option<Duration>) -> &mut Self {
+        self.hung_after = after;
         self
     }
 
@@ -579,6 +593,14 @@ impl RuntimeBuilder {
         if let Some(d) = self.task_deadline.filter(|d| d.is_zero()) {
             return Err(BuildError::TaskDeadline(d));
         }
+        if let Some(h) = self.hung_after
+            && self.task_deadline.is_none_or(|d| h <= d)
+        {
+            return Err(BuildError::HungAfter {
+                hung_after: h,
+                deadline: self.task_deadline,
+            });
+        }
         if self.idle_spins > IDLE_SPINS_MAX {
             return Err(BuildError::IdleSpins {
                 value: self.idle_spins,
@@ -682,10 +704,11 @@ impl RuntimeBuilder {
             }
         }
         if let Some(deadline) = self.task_deadline {
+            let hung_after = self.hung_after;
             let for_watchdog = Arc::clone(&shared);
             let spawned = std::thread::Builder::new()
                 .name(format!("{}-watchdog", self.thread_name))
-                .spawn(move || crate::deadline::watchdog(for_watchdog, deadline));
+                .spawn(move || crate::deadline::watchdog(for_watchdog, deadline, hung_after));
             match spawned {
                 Ok(handle) => threads.push(handle),
                 Err(e) => {

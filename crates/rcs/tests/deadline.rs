@@ -121,3 +121,69 @@ fn a_zero_deadline_is_refused() {
     let e = b.build().unwrap_err().to_string();
     assert!(e.contains("deadline"), "{e}");
 }
+
+#[test]
+fn a_task_hung_past_its_deadline_recovers_its_group_and_escalates_when_it_cannot_drain() {
+    let system: std::sync::Arc<std::sync::Mutex<Vec<rcs::SystemFailure>>> = Default::default();
+    let sys = std::sync::Arc::clone(&system);
+    let mut b = Runtime::builder();
+    b.workers(2)
+        .task_deadline(Some(DEADLINE))
+        .hung_after(Some(DEADLINE * 5))
+        .drain_timeout(Duration::from_millis(100))
+        .system_recovery(move |f| sys.lock().unwrap().push(f.clone()));
+    let g = b.group(GroupSpec::new("io"));
+    let other = b.group(GroupSpec::new("cache"));
+    let rt = b.build().unwrap();
+    let h = rt.handle();
+    // A task that never checks: only a recovery around it can act.
+    h.submit(g, Priority::High, |_ctx| {
+        std::thread::sleep(Duration::from_millis(1_500));
+        Ok(())
+    })
+    .unwrap();
+    let system_seen = |s: &std::sync::Mutex<Vec<rcs::SystemFailure>>| !s.lock().unwrap().is_empty();
+    let started = Instant::now();
+    while !system_seen(&system) && started.elapsed() < LONG {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let failures = system.lock().unwrap().clone();
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert_eq!(failures[0].cause, rcs::SystemCause::DrainTimeout);
+    assert_eq!(failures[0].failure.class(), FailureClass::Timeout);
+    assert!(
+        started.elapsed() < Duration::from_millis(1_400),
+        "escalated only after the task ended"
+    );
+    // The other group kept serving meanwhile.
+    let (tx, rx) = mpsc::channel();
+    h.submit(other, Priority::High, move |_ctx| {
+        tx.send(()).unwrap();
+        Ok(())
+    })
+    .unwrap();
+    rx.recv_timeout(LONG).unwrap();
+    assert!(h.wait_idle(LONG));
+    let m = h.metrics();
+    assert_eq!(m.groups[g.index()].overdue, 1);
+    assert_eq!(m.groups[g.index()].recoveries, 1);
+    let events = h.recent_events();
+    assert!(
+        events
+            .iter()
+            .any(|e| e.cause.class() == FailureClass::Timeout && e.cause.message().contains("hung")),
+        "{events:?}"
+    );
+}
+
+#[test]
+fn hung_after_needs_a_shorter_deadline() {
+    for (deadline, hung) in [(None, 100), (Some(100), 100), (Some(200), 100)] {
+        let mut b = Runtime::builder();
+        b.task_deadline(deadline.map(Duration::from_millis))
+            .hung_after(Some(Duration::from_millis(hung)));
+        b.group(GroupSpec::new("io"));
+        let e = b.build().unwrap_err().to_string();
+        assert!(e.contains("hung_after"), "{e}");
+    }
+}
