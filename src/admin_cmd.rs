@@ -40,8 +40,12 @@ pub enum Fault {
     Panic,
     /// A failure (state error) at a fault point (rung 1).
     Fail,
-    /// A stall at a fault point (a task past its deadline).
+    /// A stall at a fault point (a task past its deadline: ended as a
+    /// time-out at --task-deadline).
     Delay,
+    /// A hang at a fault point, deaf to the deadline (a hung task: its
+    /// group is recovered at --hung-after).
+    Hang,
     /// Faults per dispatch of a recovery group, each recovery taking
     /// --duration (rung 2; the scheduling paper's emulation).
     GroupFault,
@@ -117,10 +121,11 @@ impl InjectArgs {
                 .ok_or_else(|| anyhow::anyhow!("{:?} needs {flag}", self.fault))
         };
         match self.fault {
-            Fault::Panic | Fault::Fail | Fault::Delay => {
+            Fault::Panic | Fault::Fail | Fault::Delay | Fault::Hang => {
                 let name = match self.fault {
                     Fault::Panic => "panic",
                     Fault::Fail => "fail",
+                    Fault::Hang => "hang",
                     _ => "delay",
                 };
                 line += &format!("{name} {}", needs(&self.point, "--point POINT")?);

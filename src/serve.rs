@@ -94,6 +94,12 @@ pub struct ServeArgs {
     /// is redriven); 0s turns the watchdog off [default: 2s].
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     task_deadline: Option<std::time::Duration>,
+    /// A task still running this long never checked its time-out (hung):
+    /// its recovery group is recovered (rung 2), escalating to rung 4 when
+    /// the task cannot drain; must exceed --task-deadline; 0s: off
+    /// [default: 0s].
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    hung_after: Option<std::time::Duration>,
     /// Under output commit, also end an epoch as soon as output waits and
     /// no request is in flight (at most every 100 µs), so a lightly loaded
     /// client does not wait a whole interval; false: commit only every
@@ -159,6 +165,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.task_deadline {
             c.task_deadline = v;
+        }
+        if let Some(v) = self.hung_after {
+            c.hung_after = v;
         }
         if let Some(v) = self.commit_when_idle {
             c.commit_when_idle = v;

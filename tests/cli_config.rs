@@ -39,6 +39,17 @@ fn bad_flag_values_are_refused_with_the_setting_named() {
         (vec!["--checkpoint-interval", "5"], "unknown unit"),
         (vec!["--checkpoint-interval", "50us"], "checkpoint_interval"),
         (vec!["--checkpoint-interval", "11s"], "checkpoint_interval"),
+        (vec!["--task-deadline", "500us"], "task_deadline"),
+        (vec!["--task-deadline", "2h"], "unknown unit"),
+        (vec!["--hung-after", "1s"], "hung_after"),
+        (
+            vec!["--task-deadline", "0s", "--hung-after", "5s"],
+            "hung_after",
+        ),
+        (
+            vec!["--inject", "hang nowhere duration=1s"],
+            "unknown fault point",
+        ),
     ] {
         let mut all = vec!["--data-dir", d];
         if !args.contains(&"--listen") {

@@ -132,6 +132,31 @@ fn a_stalled_step_past_the_task_deadline_times_out_and_is_redriven_at_rung_1() {
 }
 
 #[test]
+fn a_hung_step_that_never_checks_recovers_its_group_then_escalates_to_rung_4_losing_nothing() {
+    let server = Server::start(
+        "16M",
+        &["--task-deadline", "100ms", "--hung-after", "500ms"],
+    );
+    let uri = server.uri();
+    let target = ["-f", "raw", uri.as_str()];
+    qemu_io(&target, &["write -P 0x6b 0 256k".into()]);
+    // A read's cache step hangs for 3 s, deaf to its deadline: at 500 ms
+    // the watchdog recovers the cache group; the hung task cannot drain,
+    // so the group recovery escalates to an in-process system recovery.
+    let answer = server
+        .admin("inject hang cache.read duration=3s count=1")
+        .unwrap();
+    assert!(answer.contains("armed hang"), "{answer}");
+    qemu_io(&target, &["read -P 0x6b 0 256k".into()]);
+    let status = wait_status(&server, |s| rung_count(s, "system") >= 1);
+    assert_eq!(rung_count(&status, "group"), 1, "{status}");
+    assert_eq!(rung_count(&status, "system"), 1, "{status}");
+    assert!(status.contains("hung"), "{status}");
+    qemu_io(&target, &["read -P 0x6b 0 256k".into()]);
+    assert!(!server.log().contains("answering EIO"), "no request failed");
+}
+
+#[test]
 fn a_cache_frame_failing_its_check_word_is_rebuilt_at_rung_1() {
     let server = Server::start("16M", &[]);
     let uri = server.uri();

@@ -15,6 +15,7 @@
 //! | `inject panic POINT [rate=P] [count=N]` | arm the named fault point to panic (rung 1: the request is redriven) |
 //! | `inject fail POINT [rate=P] [count=N]` | arm it to fail with a state error (rung 1) |
 //! | `inject delay POINT duration=D [rate=P] [count=N]` | arm it to stall: past `task_deadline` the watchdog ends the stall as a time-out |
+//! | `inject hang POINT duration=D [rate=P] [count=N]` | arm it to hang for D, deaf to the deadline: past `hung_after` the watchdog recovers the task's group (rung 2), which cannot drain and escalates (rung 4) |
 //! | `inject group-fault GROUP [rate=P] [duration=D]` | the scheduling paper's emulation: a fault per dispatch of GROUP with probability P, each recovery taking D (rung 2); `rate=0` stops it |
 //! | `inject corrupt-frame TRACK` | damage the check word of the cache frame holding TRACK (4 KiB units): the next read rebuilds it (rung 1) |
 //! | `inject unsolicited-completion [DEVICE]` | the device (default 0) reports a completion no submission is waiting for: ignored and counted (rung 1) |
@@ -295,7 +296,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 
 fn inject(words: &[&str], ctl: &Arc<Controller>) -> Result<String, String> {
     match words {
-        [kind @ ("panic" | "fail" | "delay"), point, opts @ ..] => {
+        [kind @ ("panic" | "fail" | "delay" | "hang"), point, opts @ ..] => {
             if !FAULT_POINTS.contains(point) {
                 return Err(format!(
                     "unknown fault point {point:?}; points: {}",
@@ -306,6 +307,7 @@ fn inject(words: &[&str], ctl: &Arc<Controller>) -> Result<String, String> {
             let action = match *kind {
                 "panic" => FaultAction::Panic,
                 "fail" => FaultAction::Fail(rcs::FailureClass::State),
+                "hang" => FaultAction::Hang(opts.duration(None)?),
                 _ => FaultAction::Delay(opts.duration(None)?),
             };
             let config = FaultConfig {

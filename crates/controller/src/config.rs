@@ -16,6 +16,7 @@
 //! policy = "dynamic"
 //! idle_spins = 1024                        # rcs worker spin before parking
 //! task_deadline = "2s"                     # a task running longer fails with a time-out (0s: off)
+//! hung_after = "0s"                        # a task still running this long is hung: its group recovers (0s: off)
 //! metrics = "127.0.0.1:9109"               # optional
 //! admin = "./rebound-data/admin.sock"      # default: <data_dir>/admin.sock
 //! flush = "devices"
@@ -246,6 +247,13 @@ pub struct Config {
     /// no watchdog.
     #[serde(deserialize_with = "de_duration")]
     pub task_deadline: Duration,
+    /// A task still running this long ignored its time-out (it never
+    /// checks): the watchdog recovers its group (rung 2), which cannot drain
+    /// and escalates to rung 4; if rung 4 cannot quiesce either, the process
+    /// aborts and rung 5 restarts it. Zero (the default): off, because some
+    /// steps legitimately run long (a FLUSH waits up to 30 s for destage).
+    #[serde(deserialize_with = "de_duration")]
+    pub hung_after: Duration,
     /// Prometheus endpoint (`http://ADDR/metrics`), if any.
     pub metrics: Option<SocketAddr>,
     /// Admin socket for `rebound status` and `rebound inject` (default:
@@ -299,6 +307,7 @@ impl Default for Config {
             // Far above any step of a request (microseconds to a few ms,
             // a modelled device included), well below a client's patience.
             task_deadline: Duration::from_secs(2),
+            hung_after: Duration::ZERO,
             metrics: None,
             admin: None,
             flush: FlushPolicy::Devices,
@@ -402,7 +411,7 @@ impl Config {
         for entry in &self.inject {
             let words: Vec<&str> = entry.split_whitespace().collect();
             match words.as_slice() {
-                ["panic" | "fail" | "delay", point, ..] => {
+                ["panic" | "fail" | "delay" | "hang", point, ..] => {
                     if !crate::admin::FAULT_POINTS.contains(point) {
                         return Err(invalid(
                             "inject",
@@ -508,6 +517,16 @@ impl Config {
             return Err(invalid(
                 "task_deadline",
                 "must be 0s (off) or between 1ms and 3600s",
+            ));
+        }
+        if !self.hung_after.is_zero()
+            && (self.task_deadline.is_zero()
+                || self.hung_after <= self.task_deadline
+                || self.hung_after > Duration::from_secs(3600))
+        {
+            return Err(invalid(
+                "hung_after",
+                "must be 0s (off) or longer than task_deadline (which must be on) and at most 3600s",
             ));
         }
         if self.checkpoint_interval < Duration::from_micros(100)

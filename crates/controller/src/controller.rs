@@ -143,7 +143,14 @@ impl std::fmt::Debug for Controller {
     }
 }
 
-fn build_runtime(config: &Config) -> Result<(rcs::Runtime, Groups), OpenError> {
+/// The controller, once built: rcs's system-level callback needs it, and
+/// the runtime is built before it.
+type LateController = Arc<std::sync::OnceLock<std::sync::Weak<Controller>>>;
+
+fn build_runtime(
+    config: &Config,
+    late: &LateController,
+) -> Result<(rcs::Runtime, Groups), OpenError> {
     let workers = if config.workers == 0 {
         std::thread::available_parallelism().map_or(2, |n| n.get())
     } else {
@@ -161,7 +168,22 @@ fn build_runtime(config: &Config) -> Result<(rcs::Runtime, Groups), OpenError> {
         .queue_capacity(16_384)
         .idle_spins(config.idle_spins)
         .task_deadline(Some(config.task_deadline).filter(|d| !d.is_zero()))
+        .hung_after(Some(config.hung_after).filter(|d| !d.is_zero()))
         .thread_name("rebound-worker");
+    // A group recovery that cannot finish (its tasks do not drain, its
+    // handler fails) escalates here: the controller's next rung, on a
+    // thread of its own (this may run on a worker).
+    let slot = Arc::clone(late);
+    b.system_recovery(move |f: &rcs::SystemFailure| {
+        match slot.get().and_then(std::sync::Weak::upgrade) {
+            Some(ctl) => crate::system::escalate(
+                &ctl,
+                format!("rcs escalated ({}): {}", f.cause.name(), f.failure),
+            ),
+            None => tracing::error!(cause = f.cause.name(), failure = %f.failure,
+                "system-level recovery requested before the controller was up"),
+        }
+    });
     let ids: Vec<rcs::GroupId> = names
         .iter()
         .zip(weights)
@@ -313,7 +335,8 @@ impl Controller {
         let (journal, cache, kind, scan) =
             recover_state(&config, identity, &nvs, frames, &destage, fresh)?;
         let replayed_tracks = cache.dirty_tracks();
-        let (runtime, groups) = build_runtime(&config)?;
+        let late = LateController::default();
+        let (runtime, groups) = build_runtime(&config, &late)?;
         let export = ExportInfo {
             name: "rebound".into(),
             description: format!(
@@ -365,6 +388,7 @@ impl Controller {
                 elapsed: started.elapsed(),
             },
         });
+        let _ = late.set(Arc::downgrade(&ctl));
         if replayed_tracks > 0 {
             tracing::info!(
                 tracks = replayed_tracks,

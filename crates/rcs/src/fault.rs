@@ -106,8 +106,12 @@ pub enum FaultAction {
     Fail(FailureClass),
     /// Panic (a failure of class `Panic` when inside a task).
     Panic,
-    /// Sleep, then carry on (a slow operation, a deadline overrun).
+    /// Sleep, then carry on (a slow operation, a deadline overrun); under a
+    /// task deadline the stall ends as a time-out at the deadline.
     Delay(Duration),
+    /// Sleep for the whole duration, deaf to the deadline (a call that does
+    /// not return and never checks: a hung task), then carry on.
+    Hang(Duration),
 }
 
 impl std::fmt::Display for FaultAction {
@@ -116,6 +120,7 @@ impl std::fmt::Display for FaultAction {
             FaultAction::Fail(class) => write!(f, "fail({class})"),
             FaultAction::Panic => f.write_str("panic"),
             FaultAction::Delay(d) => write!(f, "delay({d:?})"),
+            FaultAction::Hang(d) => write!(f, "hang({d:?})"),
         }
     }
 }
@@ -247,6 +252,10 @@ impl FaultPoint {
                     }
                     std::thread::sleep(left.min(DELAY_SLICE));
                 }
+            }
+            FaultAction::Hang(d) => {
+                std::thread::sleep(d);
+                Ok(())
             }
         }
     }
