@@ -86,7 +86,8 @@ pub(crate) struct WorkerSlot {
     pub(crate) thread: std::sync::OnceLock<Thread>,
     pub(crate) pool: PoolId,
     pub(crate) stats: CachePadded<WorkerStats>,
-    /// When the worker's current task started (see [`crate::deadline`]).
+    /// Which task the worker runs and whether it is overdue (see
+    /// [`crate::deadline`]).
     pub(crate) clock: CachePadded<TaskClock>,
 }
 
