@@ -69,6 +69,12 @@ pub enum Error {
     Redundancy(String),
 }
 
+impl From<redundancy::Error> for Error {
+    fn from(e: redundancy::Error) -> Self {
+        Error::Redundancy(e.0)
+    }
+}
+
 impl Error {
     /// An I/O error on `path`.
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {

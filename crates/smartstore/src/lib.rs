@@ -35,7 +35,7 @@ pub mod object;
 pub mod ops;
 pub mod plan;
 pub mod recovery;
-pub mod redundancy;
+pub use redundancy;
 pub mod tpch;
 
 pub use error::{Error, Result};

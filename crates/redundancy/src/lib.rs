@@ -29,7 +29,14 @@
 
 use std::ops::Range;
 
-use crate::error::{Error, Result};
+/// Why a layout could not place or rebuild data (the message names the
+/// member, shard or length at fault).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Error(pub String);
+
+/// A redundancy result.
+pub type Result<T> = std::result::Result<T, Error>;
 
 /// Which node of a group of `nodes` holds row block `block` (section 3.1:
 /// "data 1-5-9-13 originally held by D1", blocks striped round-robin).
@@ -115,20 +122,16 @@ impl ParityBlock {
     pub fn rebuild(&self, lost: usize, survivors: &[(usize, &[u8])]) -> Result<Vec<u8>> {
         let n = self.lens.len();
         if lost >= n {
-            return Err(Error::Redundancy(format!(
-                "member {lost} is not one of {n}"
-            )));
+            return Err(Error(format!("member {lost} is not one of {n}")));
         }
         let mut seen = vec![false; n];
         let mut out = self.xor.clone();
         for &(i, bytes) in survivors {
             if i >= n || i == lost || seen[i] {
-                return Err(Error::Redundancy(format!(
-                    "survivor {i} unexpected or repeated"
-                )));
+                return Err(Error(format!("survivor {i} unexpected or repeated")));
             }
             if bytes.len() as u64 != self.lens[i] {
-                return Err(Error::Redundancy(format!(
+                return Err(Error(format!(
                     "survivor {i} is {} bytes, parity recorded {}",
                     bytes.len(),
                     self.lens[i]
@@ -139,7 +142,7 @@ impl ParityBlock {
         }
         let missing: Vec<usize> = (0..n).filter(|&i| i != lost && !seen[i]).collect();
         if !missing.is_empty() {
-            return Err(Error::Redundancy(format!(
+            return Err(Error(format!(
                 "parity rebuilds one lost member; also missing {missing:?}"
             )));
         }
@@ -160,7 +163,7 @@ impl ParityBlock {
 
     /// Parses what [`ParityBlock::to_bytes`] wrote.
     pub fn from_bytes(b: &[u8]) -> Result<Self> {
-        let bad = |m: &str| Error::Redundancy(format!("parity block: {m}"));
+        let bad = |m: &str| Error(format!("parity block: {m}"));
         let n = u32::from_le_bytes(
             b.get(..4)
                 .ok_or_else(|| bad("truncated"))?
@@ -234,7 +237,7 @@ impl RotatedParity {
     pub fn rebuild(&self, nodes: &[Option<&[u8]>]) -> Result<Vec<u8>> {
         let lost: Vec<usize> = (0..nodes.len()).filter(|&i| nodes[i].is_none()).collect();
         if nodes.len() != self.nodes || lost.len() != 1 {
-            return Err(Error::Redundancy(format!(
+            return Err(Error(format!(
                 "rotated parity over {} nodes rebuilds exactly one; {} missing of {}",
                 self.nodes,
                 lost.len(),
@@ -285,7 +288,7 @@ impl ReedSolomon {
     /// Recovery shards for `data` (k members of any lengths, zero-padded).
     pub fn encode(&self, data: &[&[u8]]) -> Result<Vec<Vec<u8>>> {
         if data.len() != self.k {
-            return Err(Error::Redundancy(format!(
+            return Err(Error(format!(
                 "{} members given, k = {}",
                 data.len(),
                 self.k
@@ -300,8 +303,7 @@ impl ReedSolomon {
                 v
             })
             .collect();
-        reed_solomon_simd::encode(self.k, self.m, &padded)
-            .map_err(|e| Error::Redundancy(e.to_string()))
+        reed_solomon_simd::encode(self.k, self.m, &padded).map_err(|e| Error(e.to_string()))
     }
 
     /// Rebuilds every lost data member. `data[i]` is `None` when lost;
@@ -313,9 +315,7 @@ impl ReedSolomon {
         lens: &[usize],
     ) -> Result<Vec<Vec<u8>>> {
         if data.len() != self.k || recovery.len() != self.m || lens.len() != self.k {
-            return Err(Error::Redundancy(
-                "shard counts do not match k and m".into(),
-            ));
+            return Err(Error("shard counts do not match k and m".into()));
         }
         let len = recovery
             .iter()
@@ -340,14 +340,14 @@ impl ReedSolomon {
             .filter_map(|(j, r)| r.map(|r| (j, r)));
         let mut restored =
             reed_solomon_simd::decode(self.k, self.m, padded.iter().map(|(i, v)| (*i, v)), rec)
-                .map_err(|e| Error::Redundancy(e.to_string()))?;
+                .map_err(|e| Error(e.to_string()))?;
         let mut out = Vec::with_capacity(self.k);
         for (i, d) in data.iter().enumerate() {
             let mut v = match d {
                 Some(d) => d.to_vec(),
                 None => restored
                     .remove(&i)
-                    .ok_or_else(|| Error::Redundancy(format!("data shard {i} not restored")))?,
+                    .ok_or_else(|| Error(format!("data shard {i} not restored")))?,
             };
             v.truncate(lens[i]);
             out.push(v);
