@@ -28,6 +28,16 @@ pub struct ServeArgs {
     /// Device files to stripe the volume over [default: 1].
     #[arg(long, value_name = "N")]
     devices: Option<u32>,
+    /// Redundancy across the devices: none, mirror (2+ devices; two copies
+    /// of every track) or parity (3+ devices; rotated parity). A lost
+    /// device is then served around and rebuilt onto a replacement. Fixed
+    /// once the volume exists [default: none].
+    #[arg(long, value_name = "LAYOUT", value_parser = ["none", "mirror", "parity"])]
+    raid: Option<String>,
+    /// Most bytes per second a lost device's rebuild writes, e.g. 64M; 0
+    /// rebuilds as fast as the devices allow [default: 0].
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    rebuild_rate: Option<u64>,
     /// NVS file [default: /dev/shm/rebound-<hash of data dir>.nvs].
     #[arg(long, value_name = "PATH")]
     nvs: Option<PathBuf>,
@@ -120,7 +130,7 @@ pub struct ServeArgs {
     inject: Vec<String>,
 }
 
-fn size(s: &str) -> Result<u64, String> {
+pub(crate) fn size(s: &str) -> Result<u64, String> {
     controller::parse_size(s)
 }
 
@@ -143,6 +153,7 @@ impl ServeArgs {
             data_dir,
             volume_size,
             devices,
+            rebuild_rate,
             nvs_size,
             cache_size,
             workers,
@@ -153,6 +164,11 @@ impl ServeArgs {
         );
         if let Some(v) = &self.nvs {
             c.nvs = Some(v.clone());
+        }
+        if let Some(v) = &self.raid {
+            c.raid = v
+                .parse()
+                .map_err(|e: String| anyhow::anyhow!("invalid setting raid: {e}"))?;
         }
         if let Some(v) = &self.output_commit {
             c.output_commit = controller::config::OutputCommitSetting(

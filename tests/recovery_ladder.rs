@@ -11,29 +11,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::raw::{self, Raw};
-use common::{Server, free_port, rung_count, tool};
-
-/// Run qemu-io commands against `uri`; panics with the output on any
-/// failure message.
-fn qemu_io(target: &[&str], commands: &[String]) -> String {
-    let mut cmd = Command::new(tool("qemu-io"));
-    cmd.args(target);
-    for c in commands {
-        cmd.args(["-c", c]);
-    }
-    let out = cmd.output().expect("running qemu-io");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "qemu-io failed: {text}");
-    assert!(
-        !text.contains("failed") && !text.contains("error"),
-        "qemu-io reported an error: {text}"
-    );
-    text
-}
+use common::{Server, free_port, qemu_io, rung_count, tool, wait_status};
 
 #[test]
 fn a_failure_at_every_stage_is_recovered_at_rung_1_with_no_client_error() {
@@ -148,7 +126,9 @@ fn a_hung_step_that_never_checks_recovers_its_group_then_escalates_to_rung_4_los
         .unwrap();
     assert!(answer.contains("armed hang"), "{answer}");
     qemu_io(&target, &["read -P 0x6b 0 256k".into()]);
-    let status = wait_status(&server, |s| rung_count(s, "system") >= 1);
+    let status = wait_status(&server, "a system recovery", Duration::from_secs(30), |s| {
+        rung_count(s, "system") >= 1
+    });
     assert_eq!(rung_count(&status, "group"), 1, "{status}");
     assert_eq!(rung_count(&status, "system"), 1, "{status}");
     assert!(status.contains("hung"), "{status}");
@@ -616,24 +596,6 @@ fn a_second_server_cannot_take_a_live_admin_socket() {
     );
 }
 
-/// Wait until the admin socket answers (a restarted server is up).
-fn wait_status(server: &Server, want: impl Fn(&str) -> bool) -> String {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(s) = server.admin("status")
-            && want(&s)
-        {
-            return s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "server did not come back:\n{}",
-            server.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 #[test]
 fn supervise_restarts_a_crashed_server_fast_and_a_damaged_box_hard_losing_nothing() {
     let port = free_port().to_string();
@@ -643,14 +605,18 @@ fn supervise_restarts_a_crashed_server_fast_and_a_damaged_box_hard_losing_nothin
     let target = ["-f", "raw", uri.as_str()];
     qemu_io(&target, &["write -P 0x5a 0 2M".into()]);
     server.admin("inject crash").unwrap();
-    let status = wait_status(&server, |s| s.contains("fast restart (rung 5)"));
+    let status = wait_status(&server, "a fast restart", Duration::from_secs(30), |s| {
+        s.contains("fast restart (rung 5)")
+    });
     assert_eq!(rung_count(&status, "fast-restart"), 1, "{status}");
     qemu_io(
         &target,
         &["read -P 0x5a 0 2M".into(), "write -P 0x5b 2M 1M".into()],
     );
     server.admin("inject crash-damaged-box").unwrap();
-    let status = wait_status(&server, |s| s.contains("hard restart (rung 6"));
+    let status = wait_status(&server, "a hard restart", Duration::from_secs(30), |s| {
+        s.contains("hard restart (rung 6")
+    });
     assert_eq!(rung_count(&status, "hard-restart"), 1, "{status}");
     qemu_io(
         &target,

@@ -277,3 +277,50 @@ pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
         })
         .collect()
 }
+
+/// Run qemu-io commands against `uri`; panics with the output on any
+/// failure message.
+pub fn qemu_io(target: &[&str], commands: &[String]) -> String {
+    let mut cmd = Command::new(tool("qemu-io"));
+    cmd.args(target);
+    for c in commands {
+        cmd.args(["-c", c]);
+    }
+    let out = cmd.output().expect("running qemu-io");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "qemu-io failed: {text}");
+    assert!(
+        !text.contains("failed") && !text.contains("error"),
+        "qemu-io reported an error: {text}"
+    );
+    text
+}
+
+/// Wait (up to `limit`) until the server's status satisfies `want`; that
+/// status. Panics naming `what`, with the last status and the server log.
+pub fn wait_status(
+    server: &Server,
+    what: &str,
+    limit: Duration,
+    want: impl Fn(&str) -> bool,
+) -> String {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Ok(s) = server.admin("status")
+            && want(&s)
+        {
+            return s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}:\n{}\n{}",
+            server.admin("status").unwrap_or_default(),
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

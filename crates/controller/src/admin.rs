@@ -20,6 +20,7 @@
 //! | `inject corrupt-frame TRACK` | damage the check word of the cache frame holding TRACK (4 KiB units): the next read rebuilds it (rung 1) |
 //! | `inject unsolicited-completion [DEVICE]` | the device (default 0) reports a completion no submission is waiting for: ignored and counted (rung 1) |
 //! | `inject corrupt-directory TRACK` | damage the in-memory directory entry of dirty TRACK (state corruption): the next read finds it naming a record the NVS does not hold; with output commit, rung 3 restores it from the checkpoint, else the read is answered EIO |
+//! | `inject lose-device DEVICE` | the failure model's lost device: every I/O to DEVICE fails from now on; a volume with redundancy (`--raid mirror` or `parity`) serves around it and rebuilds a replacement (rung 7); refused without redundancy |
 //! | `inject rollback` | roll the controller back to its last checkpoint now (rung 3: needs `--output-commit`; quiesce, restore the checkpoint, drop held writes, run the open epoch's requests again); answers with its report |
 //! | `inject system` | run a system-level recovery now (rung 4: quiesce, rebuild from the recovery box, redrive; connections stay up); answers with its report |
 //! | `inject abandon-box` | invalidate the recovery box and stop keeping it (a corrupt box: rung 4 rebuilds from an NVS scan, the next start is a hard restart) |
@@ -406,6 +407,16 @@ fn inject(words: &[&str], ctl: &Arc<Controller>) -> Result<String, String> {
                 Ok(()) => Err("the device queue accepted an unsolicited completion".into()),
             }
         }
+        ["lose-device", d] => {
+            let device = d
+                .parse::<usize>()
+                .map_err(|_| format!("lose-device DEVICE: {d:?} is not a device number"))?;
+            ctl.volume.pull(device)?;
+            Ok(format!(
+                "device {device} lost: the volume serves degraded from its {} layout and rebuilds a replacement (see status)\n",
+                ctl.volume.layout().raid()
+            ))
+        }
         ["abandon-box"] => {
             ctl.journal.abandon();
             Ok("recovery box invalidated: rung 4 now rebuilds from an NVS scan, and the next start is a hard restart\n".into())
@@ -420,11 +431,11 @@ fn inject(words: &[&str], ctl: &Arc<Controller>) -> Result<String, String> {
             Ok("every fault point and group injection disarmed\n".into())
         }
         [] => Err(
-            "inject what? faults: panic, fail, delay, group-fault, corrupt-frame, corrupt-directory, unsolicited-completion, rollback, system, abandon-box, crash, crash-damaged-box, clear"
+            "inject what? faults: panic, fail, delay, group-fault, corrupt-frame, corrupt-directory, unsolicited-completion, lose-device, rollback, system, abandon-box, crash, crash-damaged-box, clear"
                 .into(),
         ),
         [other, ..] => Err(format!(
-            "unknown fault {other:?} (or missing its argument); faults: panic POINT, fail POINT, delay POINT, group-fault GROUP, corrupt-frame TRACK, corrupt-directory TRACK, unsolicited-completion [DEVICE], rollback, system, abandon-box, crash, crash-damaged-box, clear"
+            "unknown fault {other:?} (or missing its argument); faults: panic POINT, fail POINT, delay POINT, group-fault GROUP, corrupt-frame TRACK, corrupt-directory TRACK, unsolicited-completion [DEVICE], lose-device DEVICE, rollback, system, abandon-box, crash, crash-damaged-box, clear"
         )),
     }
 }
@@ -498,6 +509,31 @@ fn status(ctl: &Controller) -> String {
         ctl.blocks.available(),
         ctl.blocks.capacity()
     );
+    let health = ctl.volume.health();
+    let _ = writeln!(
+        out,
+        "volume: raid {} over {} devices{}",
+        ctl.volume.layout().raid(),
+        health.len(),
+        if ctl.volume.degraded() {
+            " (DEGRADED)"
+        } else {
+            ""
+        }
+    );
+    for (i, h) in health.iter().enumerate() {
+        let _ = match h.state {
+            "rebuilding" => writeln!(
+                out,
+                "device {i} {}: rebuilding, {:.1}% ({} of {} slots)",
+                h.path.display(),
+                h.rebuilt_slots as f64 * 100.0 / h.slots.max(1) as f64,
+                h.rebuilt_slots,
+                h.slots
+            ),
+            state => writeln!(out, "device {i} {}: {state}", h.path.display()),
+        };
+    }
     for (i, q) in ctl.queues.iter().enumerate() {
         let _ = writeln!(
             out,

@@ -8,6 +8,8 @@
 //! data_dir = "./rebound-data"
 //! volume_size = "1G"
 //! devices = 1
+//! raid = "none"                            # none | mirror (2+ devices) | parity (3+ devices); fixed once the volume exists
+//! rebuild_rate = "0"                       # bytes/s a lost device's rebuild may write (0: unthrottled)
 //! nvs = "/dev/shm/rebound-XXXXXXXX.nvs"   # default: derived from data_dir
 //! nvs_size = "256M"
 //! box = "/dev/shm/rebound-XXXXXXXX.box"   # default: derived from data_dir
@@ -224,6 +226,11 @@ pub struct Config {
     pub volume_size: u64,
     /// Backend device files the volume is striped over (track by track).
     pub devices: u32,
+    /// Redundancy across the devices ([`crate::raid`]).
+    pub raid: crate::raid::Raid,
+    /// Bytes per second a lost device's rebuild may write (0: unthrottled).
+    #[serde(deserialize_with = "de_size")]
+    pub rebuild_rate: u64,
     /// Path of the NVS file (default: under /dev/shm, named after `data_dir`).
     pub nvs: Option<PathBuf>,
     /// Size of the NVS.
@@ -295,6 +302,8 @@ impl Default for Config {
             data_dir: PathBuf::from("./rebound-data"),
             volume_size: 1 << 30,
             devices: 1,
+            raid: crate::raid::Raid::None,
+            rebuild_rate: 0,
             nvs: None,
             nvs_size: 256 << 20,
             box_path: None,
@@ -455,6 +464,17 @@ impl Config {
         if self.devices == 0 || self.devices > DEVICES_MAX {
             return Err(invalid("devices", format!("must be in 1..={DEVICES_MAX}")));
         }
+        if self.devices < self.raid.min_devices() {
+            return Err(invalid(
+                "devices",
+                format!(
+                    "raid {} needs at least {} devices, not {}",
+                    self.raid,
+                    self.raid.min_devices(),
+                    self.devices
+                ),
+            ));
+        }
         // sun_path holds 108 bytes with the terminating NUL.
         let admin = self.admin_path();
         if admin.as_os_str().len() > 107 {
@@ -600,6 +620,11 @@ mod tests {
         assert!(err.to_string().contains("volume_sise"), "{err}");
         let err = toml::from_str::<Config>("cache_size = \"lots\"").unwrap_err();
         assert!(err.to_string().contains("lots"), "{err}");
+        let err = toml::from_str::<Config>("raid = \"raid5\"").unwrap_err();
+        assert!(
+            err.to_string().contains("raid5") && err.to_string().contains("parity"),
+            "{err}"
+        );
         let mut c = Config {
             volume_size: 1000,
             ..Config::default()
@@ -607,6 +632,12 @@ mod tests {
         let e = c.validate().unwrap_err().to_string();
         assert!(e.contains("volume_size") && e.contains("4096"), "{e}");
         c.volume_size = 1 << 30;
+        c.devices = 2;
+        c.raid = crate::raid::Raid::Parity;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("raid parity needs at least 3 devices"), "{e}");
+        c.devices = 3;
+        c.validate().unwrap();
         c.policy = "fast".into();
         assert!(c.validate().unwrap_err().to_string().contains("policy"));
         c.policy = "static".into();

@@ -312,12 +312,16 @@ impl Controller {
     pub fn open(config: Config) -> Result<Arc<Self>, OpenError> {
         let started = Instant::now();
         config.validate()?;
+        let recoveries: Arc<RecoveryLog> = Arc::default();
         let volume = Volume::open_or_create(
             &config.data_dir,
             config.volume_size,
             config.devices,
+            config.raid,
             config.direct_io,
         )?;
+        volume.attach_log(Arc::clone(&recoveries));
+        volume.set_rebuild_rate(config.rebuild_rate);
         let (nvs, fresh) = Nvs::open_or_create(
             &config.nvs_path(),
             config.nvs_size,
@@ -374,7 +378,7 @@ impl Controller {
             export,
             groups,
             stopping: AtomicBool::new(false),
-            recoveries: Arc::default(),
+            recoveries,
             system: SystemRecovery::default(),
             identity,
             queues,
@@ -565,6 +569,14 @@ impl Controller {
             device_queue: self.queues.iter().fold((0, 0), |(f, u), q| {
                 (f + q.full_count(), u + q.unsolicited_count())
             }),
+            volume: self
+                .volume
+                .health()
+                .iter()
+                .filter(|h| h.state != "online")
+                .fold((0, 0), |(n, left), h| {
+                    (n + 1, left + h.slots - h.rebuilt_slots)
+                }),
         }
     }
 

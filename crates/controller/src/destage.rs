@@ -137,6 +137,11 @@ fn batch(ctl: &Arc<Controller>) {
                 );
                 break;
             }
+            Err(e) if e.kind() == std::io::ErrorKind::ResourceBusy => {
+                // A degraded volume holds this write until its stripe is
+                // rebuilt (`volume`); `end` queued it for the next tick.
+                tracing::debug!(track, error = %e, "destage waits for the rebuild");
+            }
             Err(e) => {
                 // `end` queued it for the next tick.
                 tracing::warn!(track, error = %e, "destage failed; will retry");
@@ -197,7 +202,9 @@ fn one(ctl: &Controller, track: u64) -> std::io::Result<bool> {
     match written {
         Ok(()) => Ok(true),
         Err(e) => {
-            ctl.metrics.destage_errors.fetch_add(1, Ordering::Relaxed);
+            if e.kind() != std::io::ErrorKind::ResourceBusy {
+                ctl.metrics.destage_errors.fetch_add(1, Ordering::Relaxed);
+            }
             Err(e)
         }
     }
@@ -259,8 +266,15 @@ pub(crate) fn force(ctl: &Controller, track: u64) -> std::io::Result<()> {
         match one(ctl, track) {
             Ok(true) => return Ok(()),
             Ok(false) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                // Rung 1: the device queue is full; back off and retry.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::ResourceBusy
+                ) =>
+            {
+                // Rung 1: the device queue is full (or a degraded volume
+                // holds the write until its stripe is rebuilt); back off
+                // and retry.
                 let wait = crate::devqueue::backoff(waits);
                 if waits == 0 {
                     ctl.recoveries.record(

@@ -15,7 +15,7 @@
 //! | [`cache`] | cache directory, CLOCK read cache, control-block check words |
 //! | [`nvs`] | NVS: self-describing, checksummed records in a mapped file |
 //! | [`destage`] | destage of dirty tracks, FLUSH and FUA |
-//! | [`device`], [`volume`] | backend devices and the volume's track striping |
+//! | [`device`], [`volume`], [`raid`] | backend devices; the volume's layout (striped, mirror, rotated parity), degraded service and rebuild of a lost device |
 //! | [`devqueue`] | device submission queues: queue full (back off), unsolicited completions (ignored) |
 //! | [`controller`] | composition, start-up (fast restart from the recovery box, or hard restart from an NVS scan), shutdown |
 //! | [`journal`] | what the recovery box holds: volume table, dirty directory, destage cursor |
@@ -51,6 +51,7 @@ pub mod nbd;
 #[allow(unsafe_code)]
 pub mod nvs;
 pub mod pseudodev;
+pub mod raid;
 pub mod recovery;
 pub mod renamemap;
 pub mod server;

@@ -116,12 +116,14 @@ pub struct Gauges {
     pub device_queue: (u64, u64),
     /// Request control blocks free, and leaked blocks reclaimed so far.
     pub control_blocks: (u64, u64),
+    /// Devices lost or rebuilding, and replacement slots still to rebuild.
+    pub volume: (u64, u64),
 }
 
 /// One rung's recovery totals for the exposition.
 #[derive(Debug, Clone, Default)]
 pub struct RungTotals {
-    /// Rung number (1-6).
+    /// Rung number (1-7).
     pub rung: u8,
     /// Rung name (`task`, `group`, ...).
     pub name: &'static str,
@@ -328,6 +330,18 @@ impl Metrics {
                 self.apply_escalations.load(Ordering::Relaxed),
             ),
             (
+                "rebound_volume_devices_degraded",
+                "gauge",
+                "Devices of the volume lost or being rebuilt onto a replacement.",
+                g.volume.0,
+            ),
+            (
+                "rebound_volume_rebuild_slots_remaining",
+                "gauge",
+                "4 KiB slots of replacement devices still to rebuild.",
+                g.volume.1,
+            ),
+            (
                 "rebound_destage_errors_total",
                 "counter",
                 "Destage attempts that failed.",
@@ -496,6 +510,7 @@ mod tests {
         let text = m.render(&Gauges {
             cache: (3, 1, 4),
             nvs: (10, 100),
+            volume: (1, 300),
             rungs: vec![RungTotals {
                 rung: 4,
                 name: "system",
@@ -513,6 +528,8 @@ mod tests {
         assert!(text.contains("rebound_bytes_total{op=\"read\"} 4096"));
         assert!(text.contains("rebound_cache_hit_ratio 0.5"));
         assert!(text.contains("rebound_nvs_fill_ratio 0.1"));
+        assert!(text.contains("rebound_volume_devices_degraded 1"));
+        assert!(text.contains("rebound_volume_rebuild_slots_remaining 300"));
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let value = line.rsplit(' ').next().unwrap();
             assert!(value.parse::<f64>().is_ok(), "bad sample line {line:?}");

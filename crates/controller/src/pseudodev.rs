@@ -169,8 +169,7 @@ impl PseudoDevice {
         let mut buf = vec![0u8; TRACK_BYTES];
         for &(track, r) in &renamed {
             map.read_slot(r, &mut buf)?;
-            let (dev, offset) = volume.locate(track);
-            dev.write_at(&buf, offset)?;
+            volume.write_track(track, &buf)?;
         }
         volume.sync()?;
         for (track, _) in renamed {
@@ -188,15 +187,14 @@ impl PseudoDevice {
         data: &[u8],
         epoch: u64,
     ) -> std::io::Result<()> {
-        let (dev, offset) = volume.locate(track);
         match self.scheme {
-            OutputCommit::Off => dev.write_at(data, offset),
+            OutputCommit::Off => volume.write_track(track, data),
             OutputCommit::Logging => {
                 let mut old = vec![0u8; TRACK_BYTES].into_boxed_slice();
                 let mut st = self.state.lock();
-                dev.read_at(&mut old, offset)?;
+                volume.read_track(track, &mut old)?;
                 st.undo.entry(epoch).or_default().push((track, old));
-                dev.write_at(data, offset)
+                volume.write_track(track, data)
             }
             OutputCommit::Stall | OutputCommit::Buffering | OutputCommit::Renaming => {
                 let mut st = self.state.lock();
@@ -235,7 +233,6 @@ impl PseudoDevice {
     /// Read `track` into `out`: its newest held write if any, else the
     /// device.
     pub(crate) fn read(&self, volume: &Volume, track: u64, out: &mut [u8]) -> std::io::Result<()> {
-        let (dev, offset) = volume.locate(track);
         if self.holds_writes() {
             let st = self.state.lock();
             if let Some(h) = st.by_track.get(&track).and_then(|v| v.last()) {
@@ -247,7 +244,7 @@ impl PseudoDevice {
                 return m.read_slot(r, out);
             }
         }
-        dev.read_at(out, offset)
+        volume.read_track(track, out)
     }
 
     fn load(st: &State, h: &Held, out: &mut [u8]) -> std::io::Result<()> {
@@ -366,10 +363,8 @@ impl PseudoDevice {
                         }
                     })
                 }
-                _ => Self::load(&st, &list[n - 1], &mut buf).and_then(|()| {
-                    let (dev, offset) = volume.locate(track);
-                    dev.write_at(&buf, offset)
-                }),
+                _ => Self::load(&st, &list[n - 1], &mut buf)
+                    .and_then(|()| volume.write_track(track, &buf)),
             };
             if let Err(e) = written {
                 // Left held: the next commit tries again.
@@ -400,8 +395,7 @@ impl PseudoDevice {
         let undo = st.undo.split_off(&epoch);
         let mut result = Ok(());
         for (track, old) in undo.into_values().flatten().rev() {
-            let (dev, offset) = volume.locate(track);
-            if let Err(e) = dev.write_at(&old, offset) {
+            if let Err(e) = volume.write_track(track, &old) {
                 tracing::error!(track, error = %e, "rollback: restoring a logged track failed");
                 result = Err(e);
             }

@@ -30,17 +30,22 @@ pub enum Rung {
     FastRestart = 5,
     /// 6: hard restart from an NVS scan.
     HardRestart = 6,
+    /// 7: data reconstruction: a lost device's tracks served from the
+    /// volume's redundancy and rebuilt onto a replacement (the mission's
+    /// last rung, across devices; across nodes in smartstore).
+    Reconstruct = 7,
 }
 
 impl Rung {
     /// All rungs, in order.
-    pub const ALL: [Rung; 6] = [
+    pub const ALL: [Rung; 7] = [
         Rung::Task,
         Rung::Group,
         Rung::Rollback,
         Rung::System,
         Rung::FastRestart,
         Rung::HardRestart,
+        Rung::Reconstruct,
     ];
 
     /// Lower-case name.
@@ -52,6 +57,7 @@ impl Rung {
             Rung::System => "system",
             Rung::FastRestart => "fast-restart",
             Rung::HardRestart => "hard-restart",
+            Rung::Reconstruct => "reconstruct",
         }
     }
 }
@@ -80,9 +86,9 @@ pub struct RecoveryLog {
     started: Instant,
     next: AtomicU64,
     records: Mutex<VecDeque<RecoveryRecord>>,
-    counts: [AtomicU64; 7],
-    nanos: [AtomicU64; 7],
-    requests: [AtomicU64; 7],
+    counts: [AtomicU64; 8],
+    nanos: [AtomicU64; 8],
+    requests: [AtomicU64; 8],
 }
 
 impl Default for RecoveryLog {

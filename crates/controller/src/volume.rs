@@ -1,29 +1,79 @@
-//! The volume: its label (identity and geometry, kept in `data_dir`), and
-//! the mapping of tracks to devices (striped track by track:
-//! track `t` lives on device `t % D` at byte `(t / D) * 4 KiB`).
+//! The volume: its label (identity, geometry, redundancy and which devices
+//! are lost, kept in `data_dir`), its devices, and track I/O through the
+//! [`crate::raid`] layout, degraded when a device is lost and rebuilt onto
+//! a replacement while the volume serves (DESIGN.md failure model: "a lost
+//! device"; the data reconstruction rung).
 //!
 //! The label binds the NVS to its volume: NVS records carry the volume id,
 //! and an NVS whose id differs is refused rather than replayed onto the
 //! wrong data.
 //!
-//! Label file `volume.toml`:
+//! Label file `volume.toml` (written to a temporary file, synced, renamed):
 //! ```toml
 //! id = 1234567890          # random, chosen at creation
 //! size_bytes = 1073741824
 //! track_bytes = 4096
-//! devices = 1
+//! devices = 3
+//! raid = "parity"          # none (absent in labels older than raid) | mirror | parity
+//! [[degraded]]             # one per lost device, until its rebuild ends
+//! device = 1
+//! rebuilt_slots = 4096     # slots [0, 4096) of the replacement are rebuilt and synced
 //! ```
+//!
+//! ## Losing a device
+//!
+//! An I/O error from a device of a redundant volume (or `inject
+//! lose-device`) marks it lost: the label records it *before* any write
+//! skips the device, so a restart never trusts its stale contents. The
+//! volume then serves degraded: a read of a lost slot comes from the other
+//! copy, or is the XOR of the rest of its stripe. At once a replacement
+//! (a fresh `device<N>.img`; the old file is kept as
+//! `device<N>.failed.img`) is rebuilt slot by slot in the background, under
+//! the same per-stripe (per-track for mirror) lock the writes take, and the
+//! label records the rebuilt prefix every [`REBUILD_PERSIST_SLOTS`] slots
+//! (after syncing the replacement), so a restart resumes there. A slot of
+//! the replacement is read once rebuilt; it counts for writes once the label
+//! says so.
+//!
+//! Writes keep every stripe recoverable across a crash at any point, since
+//! the NVS redoes an interrupted destage after a restart:
+//! - mirror: every copy not lost is written (idempotent);
+//! - parity, the parity slot missing: the data alone is written;
+//! - parity, the written track's own slot missing: only the parity,
+//!   recomputed from the other members (idempotent);
+//! - parity, another data member missing: the write would have to
+//!   read-modify-write the parity, and a crash in between would leave the
+//!   missing member unrecoverable (the RAID-5 write hole), so the write
+//!   waits ([`std::io::ErrorKind::ResourceBusy`]; destage retries, the
+//!   data stays in the NVS) until the rebuild has passed that stripe.
+//!
+//! A second loss in the same stripe (or of both copies) makes those tracks
+//! unreadable (an error, never other data) and their writes wait in the
+//! NVS. A volume without redundancy (`raid = "none"`) returns device errors
+//! as they are and never marks a device lost.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
+use parking_lot::{Mutex, MutexGuard, RwLock};
+use redundancy::xor_into;
 use serde::{Deserialize, Serialize};
 
 use crate::device::{Device, FileDevice};
 use crate::limits::TRACK_BYTES;
+use crate::raid::{Layout, Owner, Place, Raid};
+use crate::recovery::{RecoveryLog, Rung};
+
+/// Slots rebuilt between two records of the rebuilt prefix in the label.
+pub const REBUILD_PERSIST_SLOTS: u64 = 1024;
+
+/// Stripe (or track) locks; a stripe uses lock `stripe % STRIPE_LOCKS`.
+const STRIPE_LOCKS: usize = 1024;
 
 /// Identity and geometry of a volume.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Label {
     /// Random id chosen at creation.
@@ -32,8 +82,24 @@ pub struct Label {
     pub size_bytes: u64,
     /// Track size.
     pub track_bytes: u32,
-    /// Devices striped over.
+    /// Devices.
     pub devices: u32,
+    /// Redundancy across the devices.
+    #[serde(default)]
+    pub raid: Raid,
+    /// Lost devices and how far their replacements are rebuilt.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub degraded: Vec<Degraded>,
+}
+
+/// A lost device, recorded in the label until its replacement is rebuilt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Degraded {
+    /// The device.
+    pub device: u32,
+    /// Slots `[0, rebuilt_slots)` of its replacement are rebuilt and synced.
+    pub rebuilt_slots: u64,
 }
 
 /// Why a volume could not be opened.
@@ -65,26 +131,127 @@ pub enum VolumeError {
         /// Which setting.
         setting: &'static str,
         /// In the label.
-        existing: u64,
+        existing: String,
         /// In the configuration.
-        configured: u64,
+        configured: String,
     },
+}
+
+/// A device's state.
+const ONLINE: u8 = 0;
+/// Lost, no replacement yet: no I/O goes to it.
+const LOST: u8 = 1;
+/// A replacement is being rebuilt: slots below `rebuilt` hold good data.
+const REBUILDING: u8 = 2;
+
+/// One device of the volume.
+#[derive(Debug)]
+struct Member {
+    dev: RwLock<Arc<dyn Device>>,
+    state: AtomicU8,
+    /// Injected loss: every I/O fails as a pulled device's would.
+    pulled: AtomicBool,
+    /// REBUILDING: slots `[0, rebuilt)` are rebuilt (readable).
+    rebuilt: AtomicU64,
+    /// REBUILDING: slots `[0, durable)` are rebuilt and in the label
+    /// (writable as a good member).
+    durable: AtomicU64,
+    /// Losses so far: a rebuild stops when the device is lost again.
+    losses: AtomicU64,
+}
+
+/// How a slot may be used now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Use {
+    /// Readable and a good member for writes.
+    Good,
+    /// Readable, but rebuilt past what the label records: writes wait.
+    Unrecorded,
+    /// Not readable (lost, or not rebuilt yet).
+    Missing,
+}
+
+/// A device I/O outcome: a device failed (marked lost, then retried), the
+/// data cannot be served now, or a write must wait.
+enum Fault {
+    Device(usize, std::io::Error),
+    Io(std::io::Error),
+}
+
+impl From<std::io::Error> for Fault {
+    fn from(e: std::io::Error) -> Self {
+        Fault::Io(e)
+    }
+}
+
+/// A device's health, for `rebound status` and the metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceHealth {
+    /// Its file.
+    pub path: PathBuf,
+    /// `online`, `lost` or `rebuilding`.
+    pub state: &'static str,
+    /// Slots rebuilt (rebuilding only).
+    pub rebuilt_slots: u64,
+    /// Slots on the device.
+    pub slots: u64,
+}
+
+#[derive(Debug)]
+struct Inner {
+    dir: PathBuf,
+    direct: bool,
+    layout: Layout,
+    label: Mutex<Label>,
+    members: Vec<Member>,
+    locks: Box<[Mutex<()>]>,
+    log: OnceLock<Arc<RecoveryLog>>,
+    closing: AtomicBool,
+    rebuilds: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    /// Most bytes per second a rebuild writes (0: as fast as it can).
+    rebuild_rate: AtomicU64,
 }
 
 /// An open volume.
 #[derive(Debug)]
 pub struct Volume {
-    label: Label,
-    devices: Vec<Arc<dyn Device>>,
+    inner: Arc<Inner>,
+}
+
+impl Drop for Volume {
+    fn drop(&mut self) {
+        self.inner.closing.store(true, Ordering::Release);
+        let rebuilds = std::mem::take(&mut *self.inner.rebuilds.lock());
+        for h in rebuilds {
+            let _ = h.join();
+        }
+    }
+}
+
+fn device_path(dir: &Path, d: usize) -> PathBuf {
+    dir.join(format!("device{d}.img"))
+}
+
+fn write_label(dir: &Path, label: &Label) -> std::io::Result<()> {
+    use std::io::Write;
+    let text = toml::to_string(label).map_err(std::io::Error::other)?;
+    let tmp = dir.join("volume.toml.tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(text.as_bytes())?;
+    f.sync_data()?;
+    std::fs::rename(&tmp, dir.join("volume.toml"))?;
+    std::fs::File::open(dir)?.sync_all()
 }
 
 impl Volume {
     /// Open the volume in `dir`, creating it (label and device files) when
-    /// the directory holds none.
+    /// the directory holds none. A label recording lost devices resumes
+    /// their rebuilds.
     pub fn open_or_create(
         dir: &Path,
         size_bytes: u64,
         devices: u32,
+        raid: Raid,
         direct: bool,
     ) -> Result<Self, VolumeError> {
         let io = |source| VolumeError::Io {
@@ -99,7 +266,7 @@ impl Volume {
                     path: label_path.clone(),
                     message: e.to_string(),
                 })?;
-                Self::check(dir, &label, size_bytes, devices)?;
+                Self::check(dir, &label, size_bytes, devices, raid)?;
                 label
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -108,98 +275,695 @@ impl Volume {
                     size_bytes,
                     track_bytes: TRACK_BYTES as u32,
                     devices,
+                    raid,
+                    degraded: Vec::new(),
                 };
-                let text = toml::to_string(&label).expect("label serialises");
-                let tmp = dir.join("volume.toml.tmp");
-                std::fs::write(&tmp, text).map_err(io)?;
-                std::fs::rename(&tmp, &label_path).map_err(io)?;
+                write_label(dir, &label).map_err(io)?;
                 label
             }
             Err(e) => return Err(io(e)),
         };
-        let tracks = label.size_bytes / TRACK_BYTES as u64;
-        let devices = (0..label.devices)
+        let layout = Layout::new(
+            label.raid,
+            label.devices,
+            label.size_bytes / TRACK_BYTES as u64,
+        );
+        let members = (0..label.devices as usize)
             .map(|d| {
-                let per_device = tracks.div_ceil(u64::from(label.devices)) * TRACK_BYTES as u64;
-                let path = dir.join(format!("device{d}.img"));
-                FileDevice::open_or_create(&path, per_device, direct)
-                    .map(|dev| Arc::new(dev) as Arc<dyn Device>)
-                    .map_err(io)
+                let dev =
+                    FileDevice::open_or_create(&device_path(dir, d), layout.device_bytes(), direct)
+                        .map_err(io)?;
+                let lost = label.degraded.iter().find(|g| g.device as usize == d);
+                Ok(Member {
+                    dev: RwLock::new(Arc::new(dev)),
+                    state: AtomicU8::new(if lost.is_some() { REBUILDING } else { ONLINE }),
+                    pulled: AtomicBool::new(false),
+                    rebuilt: AtomicU64::new(lost.map_or(0, |g| g.rebuilt_slots)),
+                    durable: AtomicU64::new(lost.map_or(0, |g| g.rebuilt_slots)),
+                    losses: AtomicU64::new(0),
+                })
             })
-            .collect::<Result<_, _>>()?;
-        Ok(Self { label, devices })
+            .collect::<Result<Vec<_>, VolumeError>>()?;
+        let resume: Vec<usize> = label.degraded.iter().map(|g| g.device as usize).collect();
+        let v = Volume {
+            inner: Arc::new(Inner {
+                dir: dir.to_owned(),
+                direct,
+                layout,
+                label: Mutex::new(label),
+                members,
+                locks: (0..STRIPE_LOCKS).map(|_| Mutex::new(())).collect(),
+                log: OnceLock::new(),
+                closing: AtomicBool::new(false),
+                rebuilds: Mutex::new(Vec::new()),
+                rebuild_rate: AtomicU64::new(0),
+            }),
+        };
+        for d in resume {
+            tracing::warn!(
+                device = d,
+                from_slot = v.inner.members[d].durable.load(Ordering::Relaxed),
+                "volume is degraded: resuming the rebuild of a lost device"
+            );
+            Inner::spawn_rebuild(&v.inner, d);
+        }
+        Ok(v)
     }
 
-    fn check(dir: &Path, label: &Label, size: u64, devices: u32) -> Result<(), VolumeError> {
-        let mismatch = |setting, existing, configured| VolumeError::Mismatch {
+    fn check(
+        dir: &Path,
+        label: &Label,
+        size: u64,
+        devices: u32,
+        raid: Raid,
+    ) -> Result<(), VolumeError> {
+        let mismatch = |setting, existing: String, configured: String| VolumeError::Mismatch {
             dir: dir.to_owned(),
             setting,
             existing,
             configured,
         };
+        let bad = |message: String| VolumeError::BadLabel {
+            path: dir.join("volume.toml"),
+            message,
+        };
         if label.track_bytes as usize != TRACK_BYTES {
-            return Err(VolumeError::BadLabel {
-                path: dir.join("volume.toml"),
-                message: format!("track_bytes {} is not {TRACK_BYTES}", label.track_bytes),
-            });
+            return Err(bad(format!(
+                "track_bytes {} is not {TRACK_BYTES}",
+                label.track_bytes
+            )));
         }
         if label.size_bytes != size {
-            return Err(mismatch("volume_size", label.size_bytes, size));
+            return Err(mismatch(
+                "volume_size",
+                label.size_bytes.to_string(),
+                size.to_string(),
+            ));
         }
         if label.devices != devices {
-            return Err(mismatch("devices", label.devices.into(), devices.into()));
+            return Err(mismatch(
+                "devices",
+                label.devices.to_string(),
+                devices.to_string(),
+            ));
+        }
+        if label.raid != raid {
+            return Err(mismatch("raid", label.raid.to_string(), raid.to_string()));
+        }
+        if label.devices < label.raid.min_devices() {
+            return Err(bad(format!(
+                "raid {} needs {} devices, the label has {}",
+                label.raid,
+                label.raid.min_devices(),
+                label.devices
+            )));
+        }
+        if let Some(g) = label.degraded.iter().find(|g| g.device >= label.devices) {
+            return Err(bad(format!("degraded device {} does not exist", g.device)));
+        }
+        if !label.raid.redundant() && !label.degraded.is_empty() {
+            return Err(bad("a volume without redundancy cannot be degraded".into()));
         }
         Ok(())
     }
 
-    /// The label.
+    /// Throttle rebuilds to `bytes_per_sec` (0: unthrottled), so client
+    /// I/O keeps the devices' bandwidth.
+    pub fn set_rebuild_rate(&self, bytes_per_sec: u64) {
+        self.inner
+            .rebuild_rate
+            .store(bytes_per_sec, Ordering::Relaxed);
+    }
+
+    /// Report recoveries (a device lost, a rebuild done) to `log`.
+    pub fn attach_log(&self, log: Arc<RecoveryLog>) {
+        let _ = self.inner.log.set(log);
+    }
+
+    /// The label as it is now.
     pub fn label(&self) -> Label {
-        self.label
+        self.inner.label.lock().clone()
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> Layout {
+        self.inner.layout
     }
 
     /// Tracks in the volume.
     pub fn tracks(&self) -> u64 {
-        self.label.size_bytes / TRACK_BYTES as u64
+        self.inner.layout.tracks()
     }
 
-    /// Where track `t` lives: its device and byte offset there.
-    pub fn locate(&self, track: u64) -> (&Arc<dyn Device>, u64) {
-        debug_assert!(track < self.tracks());
-        let d = self.devices.len() as u64;
-        (
-            &self.devices[(track % d) as usize],
-            (track / d) * TRACK_BYTES as u64,
-        )
+    /// Each device's health.
+    pub fn health(&self) -> Vec<DeviceHealth> {
+        let slots = self.inner.layout.slots_per_device();
+        self.inner
+            .members
+            .iter()
+            .map(|m| {
+                let state = m.state.load(Ordering::Acquire);
+                DeviceHealth {
+                    path: m.dev.read().path().to_owned(),
+                    state: match state {
+                        ONLINE => "online",
+                        LOST => "lost",
+                        _ => "rebuilding",
+                    },
+                    rebuilt_slots: if state == REBUILDING {
+                        m.rebuilt.load(Ordering::Relaxed)
+                    } else {
+                        0
+                    },
+                    slots,
+                }
+            })
+            .collect()
     }
 
-    /// The devices.
-    pub fn devices(&self) -> &[Arc<dyn Device>] {
-        &self.devices
+    /// Whether any device is lost or rebuilding.
+    pub fn degraded(&self) -> bool {
+        self.inner
+            .members
+            .iter()
+            .any(|m| m.state.load(Ordering::Acquire) != ONLINE)
+    }
+
+    /// Pull device `d` (the failure model's lost device, injected): every
+    /// I/O to it fails from now on, which marks it lost at its next use; a
+    /// replacement then takes its place. Refused without redundancy.
+    pub fn pull(&self, d: usize) -> Result<(), String> {
+        let raid = self.inner.layout.raid();
+        if !raid.redundant() {
+            return Err(format!(
+                "the volume has no redundancy (raid = \"none\"): losing device {d} would lose its tracks; serve with --raid mirror or parity"
+            ));
+        }
+        let Some(m) = self.inner.members.get(d) else {
+            return Err(format!(
+                "device {d} does not exist (the volume has {})",
+                self.inner.members.len()
+            ));
+        };
+        if m.state.load(Ordering::Acquire) != ONLINE {
+            return Err(format!("device {d} is already lost or rebuilding"));
+        }
+        m.pulled.store(true, Ordering::Release);
+        // Mark it now rather than at its next I/O, so an idle volume
+        // shows it too.
+        Inner::fail(&self.inner, d, &std::io::Error::other("pulled (injected)"));
+        Ok(())
+    }
+
+    /// Wait until no rebuild is running (tests, benches, clean shutdown).
+    pub fn wait_rebuilds(&self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        while self
+            .inner
+            .members
+            .iter()
+            .any(|m| m.state.load(Ordering::Acquire) == REBUILDING)
+        {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        true
+    }
+
+    /// Read track `track` into `out` (one track).
+    pub fn read_track(&self, track: u64, out: &mut [u8]) -> std::io::Result<()> {
+        self.inner.retry(|i| i.read_once(track, out))
+    }
+
+    /// Write one track's `data` to track `track`.
+    pub fn write_track(&self, track: u64, data: &[u8]) -> std::io::Result<()> {
+        debug_assert_eq!(data.len(), TRACK_BYTES);
+        self.inner.retry(|i| i.write_once(track, data))
     }
 
     /// Make tracks `[first, end)` read as zeroes on the devices.
     pub fn zero_tracks(&self, first: u64, end: u64, keep_allocated: bool) -> std::io::Result<()> {
-        let d = self.devices.len() as u64;
-        for (i, dev) in self.devices.iter().enumerate() {
-            let i = i as u64;
-            // Device-local track indices of volume tracks in [first, end) on device i.
-            let lo = if first <= i {
-                0
-            } else {
-                (first - i).div_ceil(d)
-            };
-            let hi = if end <= i { 0 } else { (end - i).div_ceil(d) };
-            if hi > lo {
-                let t = TRACK_BYTES as u64;
-                dev.zero_range(lo * t, (hi - lo) * t, keep_allocated)?;
-            }
+        let (runs, loose) = self.inner.layout.zero_runs(first, end);
+        let t = TRACK_BYTES as u64;
+        if !runs.is_empty() {
+            // Whole stripes (or copies) zeroed on every device keep the
+            // parity the XOR of zeroes. A range is zeroed under no lock: a
+            // destage racing it is ordered by the cache, which discarded
+            // the range's dirty tracks first.
+            self.inner.retry(|i| {
+                for &(d, lo, hi) in &runs {
+                    if i.members[d].state.load(Ordering::Acquire) == LOST {
+                        continue;
+                    }
+                    i.on(d, |dev| {
+                        dev.zero_range(lo * t, (hi - lo) * t, keep_allocated)
+                    })?;
+                }
+                Ok(())
+            })?;
+        }
+        let zeros = vec![0u8; TRACK_BYTES];
+        for track in loose {
+            self.write_track(track, &zeros)?;
         }
         Ok(())
     }
 
-    /// `fdatasync` every device.
+    /// `fdatasync` every device not lost.
     pub fn sync(&self) -> std::io::Result<()> {
-        self.devices.iter().try_for_each(|d| d.sync())
+        self.inner.retry(|i| {
+            for (d, m) in i.members.iter().enumerate() {
+                if m.state.load(Ordering::Acquire) != LOST {
+                    i.on(d, |dev| dev.sync())?;
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+impl Inner {
+    /// Run `op`, marking a failing device lost and trying again (redundant
+    /// volumes), at most once per device.
+    fn retry<T>(
+        self: &Arc<Self>,
+        mut op: impl FnMut(&Arc<Self>) -> Result<T, Fault>,
+    ) -> std::io::Result<T> {
+        for _ in 0..=self.members.len() {
+            match op(self) {
+                Ok(v) => return Ok(v),
+                Err(Fault::Io(e)) => return Err(e),
+                Err(Fault::Device(d, e)) => {
+                    if !self.layout.raid().redundant() {
+                        return Err(e);
+                    }
+                    Self::fail(self, d, &e);
+                }
+            }
+        }
+        Err(std::io::Error::other("every device of the volume failed"))
+    }
+
+    /// Device `d`'s I/O `f`; an error (other than a refused request) is the
+    /// device's fault.
+    fn on<T>(
+        &self,
+        d: usize,
+        f: impl FnOnce(&dyn Device) -> std::io::Result<T>,
+    ) -> Result<T, Fault> {
+        let m = &self.members[d];
+        let result = if m.pulled.load(Ordering::Acquire) {
+            Err(std::io::Error::other(format!(
+                "device {d} is pulled (injected loss)"
+            )))
+        } else {
+            let dev = m.dev.read().clone();
+            f(&*dev)
+        };
+        result.map_err(|e| {
+            if e.kind() == std::io::ErrorKind::InvalidInput {
+                Fault::Io(e)
+            } else {
+                Fault::Device(d, e)
+            }
+        })
+    }
+
+    fn read_slot(&self, d: usize, slot: u64, out: &mut [u8]) -> Result<(), Fault> {
+        self.on(d, |dev| dev.read_at(out, slot * TRACK_BYTES as u64))
+    }
+
+    fn write_slot(&self, d: usize, slot: u64, data: &[u8]) -> Result<(), Fault> {
+        self.on(d, |dev| dev.write_at(data, slot * TRACK_BYTES as u64))
+    }
+
+    fn usable(&self, d: usize, slot: u64) -> Use {
+        let m = &self.members[d];
+        match m.state.load(Ordering::Acquire) {
+            ONLINE => Use::Good,
+            LOST => Use::Missing,
+            _ => {
+                if slot < m.durable.load(Ordering::Acquire) {
+                    Use::Good
+                } else if slot < m.rebuilt.load(Ordering::Acquire) {
+                    Use::Unrecorded
+                } else {
+                    Use::Missing
+                }
+            }
+        }
+    }
+
+    fn lock(&self, key: u64) -> MutexGuard<'_, ()> {
+        self.locks[(key % STRIPE_LOCKS as u64) as usize].lock()
+    }
+
+    fn unavailable(what: String) -> Fault {
+        Fault::Io(std::io::Error::other(what))
+    }
+
+    fn wait_for_rebuild(what: String) -> Fault {
+        Fault::Io(std::io::Error::new(std::io::ErrorKind::ResourceBusy, what))
+    }
+
+    fn read_once(&self, track: u64, out: &mut [u8]) -> Result<(), Fault> {
+        match self.layout.place(track) {
+            Place::Single((d, slot)) => self.read_slot(d, slot, out),
+            Place::Mirror(copies) => {
+                for (d, slot) in copies {
+                    if self.usable(d, slot) != Use::Missing {
+                        return self.read_slot(d, slot, out);
+                    }
+                }
+                Err(Self::unavailable(format!(
+                    "track {track}: both copies are on lost devices"
+                )))
+            }
+            Place::Parity {
+                stripe,
+                data,
+                parity,
+                others,
+            } => {
+                if self.usable(data, stripe) != Use::Missing {
+                    return self.read_slot(data, stripe, out);
+                }
+                // Degraded read: the XOR of the rest of the stripe, under
+                // the stripe's lock so no write is half done.
+                let _g = self.lock(stripe);
+                if self.usable(data, stripe) != Use::Missing {
+                    return self.read_slot(data, stripe, out);
+                }
+                self.xor_of(stripe, std::iter::once(parity).chain(others), out)
+                    .map_err(|f| match f {
+                        Fault::Io(e) => Self::unavailable(format!(
+                            "track {track} (stripe {stripe}) cannot be reconstructed: {e}"
+                        )),
+                        f => f,
+                    })
+            }
+        }
+    }
+
+    /// XOR of slot `stripe` of `devices` into `out` (zeroed first); every
+    /// one must be readable.
+    fn xor_of(
+        &self,
+        stripe: u64,
+        devices: impl IntoIterator<Item = usize>,
+        out: &mut [u8],
+    ) -> Result<(), Fault> {
+        out.fill(0);
+        let mut buf = vec![0u8; TRACK_BYTES];
+        for d in devices {
+            if self.usable(d, stripe) == Use::Missing {
+                return Err(Fault::Io(std::io::Error::other(format!(
+                    "device {d} is lost too"
+                ))));
+            }
+            self.read_slot(d, stripe, &mut buf)?;
+            xor_into(out, &buf);
+        }
+        Ok(())
+    }
+
+    fn write_once(&self, track: u64, data: &[u8]) -> Result<(), Fault> {
+        match self.layout.place(track) {
+            Place::Single((d, slot)) => self.write_slot(d, slot, data),
+            Place::Mirror(copies) => {
+                let _g = self.lock(track);
+                let uses = copies.map(|(d, slot)| self.usable(d, slot));
+                if !uses.contains(&Use::Good) {
+                    return Err(if uses.contains(&Use::Unrecorded) {
+                        Self::wait_for_rebuild(format!(
+                            "track {track}: its one readable copy is rebuilt but not yet recorded"
+                        ))
+                    } else {
+                        Self::unavailable(format!("track {track}: both copies are on lost devices"))
+                    });
+                }
+                for (d, slot) in copies {
+                    // A copy not rebuilt yet is written too: the rebuild
+                    // copies the same data under this lock later.
+                    if self.members[d].state.load(Ordering::Acquire) != LOST {
+                        self.write_slot(d, slot, data)?;
+                    }
+                }
+                Ok(())
+            }
+            Place::Parity {
+                stripe,
+                data: dd,
+                parity: pd,
+                others,
+            } => {
+                let _g = self.lock(stripe);
+                let du = self.usable(dd, stripe);
+                let pu = self.usable(pd, stripe);
+                let ou: Vec<Use> = others.iter().map(|&o| self.usable(o, stripe)).collect();
+                if du == Use::Unrecorded || pu == Use::Unrecorded || ou.contains(&Use::Unrecorded) {
+                    return Err(Self::wait_for_rebuild(format!(
+                        "stripe {stripe} is rebuilt but not yet recorded"
+                    )));
+                }
+                let missing = usize::from(du == Use::Missing)
+                    + usize::from(pu == Use::Missing)
+                    + ou.iter().filter(|&&u| u == Use::Missing).count();
+                if missing > 1 {
+                    return Err(Self::unavailable(format!(
+                        "track {track}: stripe {stripe} has {missing} members on lost devices"
+                    )));
+                }
+                if pu == Use::Missing {
+                    // No parity to keep: the data alone.
+                    return self.write_slot(dd, stripe, data);
+                }
+                if ou.contains(&Use::Missing) {
+                    return Err(Self::wait_for_rebuild(format!(
+                        "track {track}: stripe {stripe} misses another data member; a read-modify-write could lose it in a crash"
+                    )));
+                }
+                // Reconstruct-write: parity from the new data and the other
+                // members as they are on the devices; idempotent, so an
+                // interrupted one is made whole by the redo.
+                let mut p = vec![0u8; TRACK_BYTES];
+                self.xor_of(stripe, others.iter().copied(), &mut p)?;
+                xor_into(&mut p, data);
+                if du != Use::Missing {
+                    self.write_slot(dd, stripe, data)?;
+                }
+                self.write_slot(pd, stripe, &p)
+            }
+        }
+    }
+
+    /// Mark device `d` lost (after `why`), record it in the label before
+    /// any write skips it, and start rebuilding a replacement.
+    fn fail(self: &Arc<Self>, d: usize, why: &std::io::Error) {
+        let m = &self.members[d];
+        {
+            let mut label = self.label.lock();
+            if m.state.load(Ordering::Acquire) == LOST {
+                return;
+            }
+            label.degraded.retain(|g| g.device as usize != d);
+            label.degraded.push(Degraded {
+                device: d as u32,
+                rebuilt_slots: 0,
+            });
+            label.degraded.sort_by_key(|g| g.device);
+            if let Err(e) = write_label(&self.dir, &label) {
+                // The device is lost either way; a restart before the label
+                // is written again would trust it.
+                tracing::error!(device = d, error = %e, "could not record a lost device in the volume label");
+            }
+            m.losses.fetch_add(1, Ordering::AcqRel);
+            m.state.store(LOST, Ordering::Release);
+            m.rebuilt.store(0, Ordering::Release);
+            m.durable.store(0, Ordering::Release);
+        }
+        tracing::error!(device = d, error = %why, "device lost; the volume serves degraded");
+        if let Some(log) = self.log.get() {
+            log.record(
+                Rung::Reconstruct,
+                format!(
+                    "device {d} lost ({why}): serving degraded from {}",
+                    self.layout.raid()
+                ),
+                Duration::ZERO,
+                0,
+            );
+        }
+        Self::spawn_rebuild(self, d);
+    }
+
+    /// Open a replacement for lost device `d` (a fresh file, unless the
+    /// device is already rebuilding from a restart) and rebuild it in the
+    /// background.
+    fn spawn_rebuild(self: &Arc<Self>, d: usize) {
+        let me = Arc::clone(self);
+        let spawned = std::thread::Builder::new()
+            .name(format!("rebound-rebuild-{d}"))
+            .spawn(move || me.rebuild(d));
+        match spawned {
+            Ok(h) => self.rebuilds.lock().push(h),
+            Err(e) => tracing::error!(device = d, error = %e, "could not start a rebuild"),
+        }
+    }
+
+    fn replace(&self, d: usize) -> std::io::Result<()> {
+        let path = device_path(&self.dir, d);
+        let failed = self.dir.join(format!("device{d}.failed.img"));
+        if let Err(e) = std::fs::rename(&path, &failed) {
+            tracing::warn!(device = d, error = %e, "could not move the lost device's file aside");
+        }
+        let dev = FileDevice::open_or_create(&path, self.layout.device_bytes(), self.direct)?;
+        std::fs::File::open(&self.dir)?.sync_all()?;
+        let m = &self.members[d];
+        *m.dev.write() = Arc::new(dev);
+        m.pulled.store(false, Ordering::Release);
+        Ok(())
+    }
+
+    fn rebuild(self: Arc<Self>, d: usize) {
+        let m = &self.members[d];
+        let loss = m.losses.load(Ordering::Acquire);
+        if m.state.load(Ordering::Acquire) == LOST {
+            if let Err(e) = self.replace(d) {
+                tracing::error!(device = d, error = %e, "no replacement for a lost device; the volume stays degraded");
+                return;
+            }
+            m.state.store(REBUILDING, Ordering::Release);
+        }
+        let started = Instant::now();
+        let slots = self.layout.slots_per_device();
+        let from = m.durable.load(Ordering::Acquire);
+        tracing::info!(
+            device = d,
+            from_slot = from,
+            slots,
+            "rebuilding a lost device"
+        );
+        let mut buf = vec![0u8; TRACK_BYTES];
+        let mut last_report = Instant::now();
+        let mut slot = from;
+        let outcome: Result<(), String> = loop {
+            if self.closing.load(Ordering::Acquire) {
+                return;
+            }
+            if m.state.load(Ordering::Acquire) != REBUILDING
+                || m.losses.load(Ordering::Acquire) != loss
+            {
+                return; // lost again; a new rebuild starts over
+            }
+            if slot < slots {
+                let rebuilt = match self.layout.owner(d, slot) {
+                    Owner::Unused => {
+                        buf.fill(0);
+                        self.write_slot(d, slot, &buf)
+                    }
+                    Owner::Copy { track, from } => {
+                        let _g = self.lock(track);
+                        if self.usable(from.0, from.1) == Use::Missing {
+                            break Err(format!("track {track}: its other copy is lost too"));
+                        }
+                        self.read_slot(from.0, from.1, &mut buf)
+                            .and_then(|()| self.write_slot(d, slot, &buf))
+                    }
+                    Owner::Stripe(stripe) => {
+                        let _g = self.lock(stripe);
+                        let rest = self
+                            .layout
+                            .stripe_devices(stripe)
+                            .into_iter()
+                            .filter(|&x| x != d);
+                        self.xor_of(stripe, rest, &mut buf)
+                            .and_then(|()| self.write_slot(d, slot, &buf))
+                    }
+                };
+                match rebuilt {
+                    Ok(()) => {}
+                    Err(Fault::Device(x, e)) => {
+                        if x != d {
+                            // Another device failed: that one is lost too.
+                            Self::fail(&self, x, &e);
+                        }
+                        break Err(format!("device {x}: {e}"));
+                    }
+                    Err(Fault::Io(e)) => break Err(e.to_string()),
+                }
+                slot += 1;
+                m.rebuilt.store(slot, Ordering::Release);
+                let rate = self.rebuild_rate.load(Ordering::Relaxed);
+                if rate > 0 {
+                    let due = Duration::from_secs_f64(
+                        ((slot - from) * TRACK_BYTES as u64) as f64 / rate as f64,
+                    );
+                    if let Some(ahead) = due.checked_sub(started.elapsed())
+                        && ahead > Duration::from_millis(1)
+                    {
+                        std::thread::sleep(ahead);
+                    }
+                }
+            }
+            if slot == slots || (slot - from).is_multiple_of(REBUILD_PERSIST_SLOTS) {
+                if let Err(e) = self.on(d, |dev| dev.sync()) {
+                    break Err(match e {
+                        Fault::Device(_, e) | Fault::Io(e) => e.to_string(),
+                    });
+                }
+                let mut label = self.label.lock();
+                if m.state.load(Ordering::Acquire) != REBUILDING
+                    || m.losses.load(Ordering::Acquire) != loss
+                {
+                    return;
+                }
+                if slot == slots {
+                    label.degraded.retain(|g| g.device as usize != d);
+                } else if let Some(g) = label.degraded.iter_mut().find(|g| g.device as usize == d) {
+                    g.rebuilt_slots = slot;
+                }
+                if let Err(e) = write_label(&self.dir, &label) {
+                    break Err(format!("recording the rebuild in the label: {e}"));
+                }
+                m.durable.store(slot, Ordering::Release);
+                if slot == slots {
+                    m.state.store(ONLINE, Ordering::Release);
+                    break Ok(());
+                }
+                if last_report.elapsed() >= Duration::from_secs(2) {
+                    last_report = Instant::now();
+                    tracing::info!(
+                        device = d,
+                        percent = slot * 100 / slots.max(1),
+                        "rebuild progress"
+                    );
+                }
+            }
+        };
+        match outcome {
+            Ok(()) => {
+                let took = started.elapsed();
+                tracing::info!(device = d, slots = slots - from, ?took, "device rebuilt");
+                if let Some(log) = self.log.get() {
+                    log.record(
+                        Rung::Reconstruct,
+                        format!(
+                            "device {d} rebuilt from {} ({} MiB)",
+                            self.layout.raid(),
+                            ((slots - from) * TRACK_BYTES as u64) >> 20
+                        ),
+                        took,
+                        0,
+                    );
+                }
+            }
+            Err(why) => {
+                tracing::error!(device = d, %why, "rebuild stopped; the volume stays degraded");
+            }
+        }
     }
 }
 
@@ -215,58 +979,379 @@ fn fastrand_id() -> u64 {
 mod tests {
     use super::*;
 
-    #[test]
-    fn striping_places_consecutive_tracks_on_consecutive_devices() {
-        let dir = tempfile::tempdir().unwrap();
-        let v = Volume::open_or_create(dir.path(), 10 * 4096, 3, false).unwrap();
-        let places: Vec<(String, u64)> = (0..10)
-            .map(|t| {
-                let (d, off) = v.locate(t);
-                (
-                    d.path().file_name().unwrap().to_string_lossy().into_owned(),
-                    off / 4096,
-                )
-            })
-            .collect();
-        assert_eq!(places[0], ("device0.img".into(), 0));
-        assert_eq!(places[4], ("device1.img".into(), 1));
-        assert_eq!(places[9], ("device0.img".into(), 3));
+    fn pattern(track: u64, version: u8) -> Vec<u8> {
+        let mut b = vec![0u8; TRACK_BYTES];
+        for (i, x) in b.iter_mut().enumerate() {
+            *x = (track as u8).wrapping_mul(31) ^ (i as u8) ^ version.wrapping_mul(97);
+        }
+        b[0..8].copy_from_slice(&track.to_le_bytes());
+        b[8] = version;
+        b
+    }
+
+    fn read(v: &Volume, t: u64) -> std::io::Result<Vec<u8>> {
+        let mut b = vec![0u8; TRACK_BYTES];
+        v.read_track(t, &mut b).map(|()| b)
+    }
+
+    /// Write, retrying while the layout asks the write to wait for the
+    /// rebuild (what destage does).
+    fn write_retrying(v: &Volume, t: u64, data: &[u8]) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match v.write_track(t, data) {
+                Ok(()) => return,
+                Err(e) if e.kind() == std::io::ErrorKind::ResourceBusy => {
+                    assert!(Instant::now() < deadline, "track {t} waited too long: {e}");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(e) => panic!("track {t}: {e}"),
+            }
+        }
+    }
+
+    fn raw(dir: &Path, d: usize, slot: u64) -> Vec<u8> {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::File::open(device_path(dir, d)).unwrap();
+        let mut b = vec![0u8; TRACK_BYTES];
+        f.read_exact_at(&mut b, slot * TRACK_BYTES as u64).unwrap();
+        b
+    }
+
+    /// Every copy equal, every stripe's parity the XOR of its data.
+    fn assert_consistent(v: &Volume, dir: &Path) {
+        let l = v.layout();
+        for t in 0..l.tracks() {
+            match l.place(t) {
+                Place::Single(_) => {}
+                Place::Mirror([a, b]) => {
+                    assert_eq!(raw(dir, a.0, a.1), raw(dir, b.0, b.1), "track {t} copies");
+                }
+                Place::Parity { stripe, .. } => {
+                    let mut x = vec![0u8; TRACK_BYTES];
+                    for d in l.stripe_devices(stripe) {
+                        xor_into(&mut x, &raw(dir, d, stripe));
+                    }
+                    assert!(x.iter().all(|&b| b == 0), "stripe {stripe} parity");
+                }
+            }
+        }
     }
 
     #[test]
-    fn zero_tracks_zeroes_exactly_the_range_on_every_device() {
-        for devices in [1u32, 2, 3] {
+    fn striping_places_consecutive_tracks_on_consecutive_devices() {
+        let dir = tempfile::tempdir().unwrap();
+        let v = Volume::open_or_create(dir.path(), 10 * 4096, 3, Raid::None, false).unwrap();
+        for t in 0..10 {
+            v.write_track(t, &pattern(t, 1)).unwrap();
+        }
+        assert_eq!(raw(dir.path(), 0, 0), pattern(0, 1));
+        assert_eq!(raw(dir.path(), 1, 1), pattern(4, 1));
+        assert_eq!(raw(dir.path(), 0, 3), pattern(9, 1));
+    }
+
+    #[test]
+    fn every_layout_reads_back_what_was_written_and_keeps_its_redundancy() {
+        for (raid, devices) in [
+            (Raid::None, 2),
+            (Raid::Mirror, 2),
+            (Raid::Mirror, 3),
+            (Raid::Parity, 3),
+            (Raid::Parity, 5),
+        ] {
             let dir = tempfile::tempdir().unwrap();
-            let v = Volume::open_or_create(dir.path(), 12 * 4096, devices, false).unwrap();
-            let ones = vec![1u8; 4096];
-            for t in 0..12 {
-                let (d, off) = v.locate(t);
-                d.write_at(&ones, off).unwrap();
+            let v = Volume::open_or_create(dir.path(), 23 * 4096, devices, raid, false).unwrap();
+            for t in 0..23 {
+                v.write_track(t, &pattern(t, 1)).unwrap();
             }
-            v.zero_tracks(3, 8, false).unwrap();
-            for t in 0..12 {
-                let (d, off) = v.locate(t);
-                let mut b = vec![9u8; 4096];
-                d.read_at(&mut b, off).unwrap();
-                let zero = (3..8).contains(&t);
-                assert_eq!(b[0] == 0, zero, "devices {devices} track {t}");
+            for t in (0..23).step_by(3) {
+                v.write_track(t, &pattern(t, 2)).unwrap();
             }
+            for t in 0..23 {
+                let want = pattern(t, if t % 3 == 0 { 2 } else { 1 });
+                assert_eq!(read(&v, t).unwrap(), want, "{raid} x{devices} track {t}");
+            }
+            assert_consistent(&v, dir.path());
+        }
+    }
+
+    #[test]
+    fn zero_tracks_zeroes_exactly_the_range_in_every_layout() {
+        for (raid, devices) in [
+            (Raid::None, 1),
+            (Raid::None, 3),
+            (Raid::Mirror, 3),
+            (Raid::Parity, 3),
+            (Raid::Parity, 4),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let v = Volume::open_or_create(dir.path(), 20 * 4096, devices, raid, false).unwrap();
+            for t in 0..20 {
+                v.write_track(t, &pattern(t, 1)).unwrap();
+            }
+            v.zero_tracks(3, 17, false).unwrap();
+            for t in 0..20 {
+                let b = read(&v, t).unwrap();
+                if (3..17).contains(&t) {
+                    assert!(b.iter().all(|&x| x == 0), "{raid} x{devices} track {t}");
+                } else {
+                    assert_eq!(b, pattern(t, 1), "{raid} x{devices} track {t}");
+                }
+            }
+            assert_consistent(&v, dir.path());
         }
     }
 
     #[test]
     fn reopening_with_another_geometry_is_refused_by_name() {
         let dir = tempfile::tempdir().unwrap();
-        let id = Volume::open_or_create(dir.path(), 8 * 4096, 1, false)
+        let id = Volume::open_or_create(dir.path(), 8 * 4096, 3, Raid::Parity, false)
             .unwrap()
             .label()
             .id;
-        let again = Volume::open_or_create(dir.path(), 8 * 4096, 1, false).unwrap();
+        let again = Volume::open_or_create(dir.path(), 8 * 4096, 3, Raid::Parity, false).unwrap();
         assert_eq!(again.label().id, id);
-        let e = Volume::open_or_create(dir.path(), 16 * 4096, 1, false).unwrap_err();
+        drop(again);
+        let e = Volume::open_or_create(dir.path(), 16 * 4096, 3, Raid::Parity, false).unwrap_err();
         assert!(e.to_string().contains("volume_size"), "{e}");
+        let e = Volume::open_or_create(dir.path(), 8 * 4096, 3, Raid::Mirror, false).unwrap_err();
+        assert!(e.to_string().contains("raid = parity"), "{e}");
         std::fs::write(dir.path().join("volume.toml"), "garbage = [").unwrap();
-        let e = Volume::open_or_create(dir.path(), 8 * 4096, 1, false).unwrap_err();
+        let e = Volume::open_or_create(dir.path(), 8 * 4096, 3, Raid::Parity, false).unwrap_err();
         assert!(matches!(e, VolumeError::BadLabel { .. }), "{e}");
+    }
+
+    #[test]
+    fn a_label_from_before_raid_opens_as_a_volume_without_redundancy() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("volume.toml"),
+            "id = 7\nsize_bytes = 32768\ntrack_bytes = 4096\ndevices = 2\n",
+        )
+        .unwrap();
+        let v = Volume::open_or_create(dir.path(), 32768, 2, Raid::None, false).unwrap();
+        assert_eq!(v.label().raid, Raid::None);
+        assert_eq!(v.label().id, 7);
+    }
+
+    #[test]
+    fn a_damaged_degraded_record_in_the_label_is_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(Volume::open_or_create(dir.path(), 32768, 3, Raid::Parity, false).unwrap());
+        let text = std::fs::read_to_string(dir.path().join("volume.toml")).unwrap();
+        std::fs::write(
+            dir.path().join("volume.toml"),
+            format!("{text}[[degraded]]\ndevice = 9\nrebuilt_slots = 0\n"),
+        )
+        .unwrap();
+        let e = Volume::open_or_create(dir.path(), 32768, 3, Raid::Parity, false).unwrap_err();
+        assert!(e.to_string().contains("degraded device 9"), "{e}");
+    }
+
+    #[test]
+    fn losing_a_device_is_refused_without_redundancy() {
+        let dir = tempfile::tempdir().unwrap();
+        let v = Volume::open_or_create(dir.path(), 32768, 2, Raid::None, false).unwrap();
+        assert!(v.pull(0).unwrap_err().contains("no redundancy"));
+        let dir = tempfile::tempdir().unwrap();
+        let v = Volume::open_or_create(dir.path(), 32768, 2, Raid::Mirror, false).unwrap();
+        assert!(v.pull(2).unwrap_err().contains("does not exist"));
+    }
+
+    /// The failure model's lost device: nothing written is lost, reads
+    /// while degraded return the data, writes while degraded land, and the
+    /// replacement is rebuilt to a consistent volume.
+    #[test]
+    fn a_lost_device_loses_nothing_and_its_replacement_is_rebuilt() {
+        for (raid, devices, lost) in [
+            (Raid::Mirror, 2, 1),
+            (Raid::Mirror, 4, 2),
+            (Raid::Parity, 3, 0),
+            (Raid::Parity, 4, 3),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let tracks = 3000;
+            let v =
+                Volume::open_or_create(dir.path(), tracks * 4096, devices, raid, false).unwrap();
+            let log = Arc::new(RecoveryLog::default());
+            v.attach_log(Arc::clone(&log));
+            for t in 0..tracks {
+                v.write_track(t, &pattern(t, 1)).unwrap();
+            }
+            v.pull(lost).unwrap();
+            assert!(v.degraded());
+            assert!(v.label().degraded.iter().any(|g| g.device as usize == lost));
+            // Degraded (or partly rebuilt) reads and writes.
+            for t in 0..tracks {
+                assert_eq!(
+                    read(&v, t).unwrap(),
+                    pattern(t, 1),
+                    "{raid} x{devices} track {t}"
+                );
+                if t % 2 == 0 {
+                    write_retrying(&v, t, &pattern(t, 2));
+                }
+            }
+            assert!(
+                v.wait_rebuilds(Duration::from_secs(60)),
+                "{raid}: rebuild did not end"
+            );
+            assert!(!v.degraded());
+            assert!(
+                v.label().degraded.is_empty(),
+                "the label still records the loss"
+            );
+            assert!(dir.path().join(format!("device{lost}.failed.img")).exists());
+            for t in 0..tracks {
+                let want = pattern(t, if t % 2 == 0 { 2 } else { 1 });
+                assert_eq!(
+                    read(&v, t).unwrap(),
+                    want,
+                    "{raid} x{devices} track {t} after rebuild"
+                );
+            }
+            assert_consistent(&v, dir.path());
+            let causes: Vec<String> = log.recent().into_iter().map(|r| r.cause).collect();
+            assert!(
+                causes
+                    .iter()
+                    .any(|c| c.contains(&format!("device {lost} lost"))),
+                "{causes:?}"
+            );
+            assert!(
+                causes
+                    .iter()
+                    .any(|c| c.contains(&format!("device {lost} rebuilt"))),
+                "{causes:?}"
+            );
+        }
+    }
+
+    /// A restart trusts a lost device's replacement only up to the prefix
+    /// the label records: garbage past it is rebuilt, not served.
+    #[test]
+    fn a_restart_rebuilds_what_the_label_does_not_record_as_rebuilt() {
+        for raid in [Raid::Mirror, Raid::Parity] {
+            let dir = tempfile::tempdir().unwrap();
+            let tracks = 2500;
+            let v = Volume::open_or_create(dir.path(), tracks * 4096, 3, raid, false).unwrap();
+            for t in 0..tracks {
+                v.write_track(t, &pattern(t, 1)).unwrap();
+            }
+            let mut label = v.label();
+            drop(v);
+            // As if killed mid-rebuild: the first 1024 slots recorded, the
+            // rest of the replacement garbage.
+            label.degraded.push(Degraded {
+                device: 1,
+                rebuilt_slots: 1024,
+            });
+            write_label(dir.path(), &label).unwrap();
+            {
+                use std::os::unix::fs::FileExt;
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(device_path(dir.path(), 1))
+                    .unwrap();
+                let slots = Layout::new(raid, 3, tracks).slots_per_device();
+                for s in 1024..slots {
+                    f.write_all_at(&[0xA5; TRACK_BYTES], s * TRACK_BYTES as u64)
+                        .unwrap();
+                }
+            }
+            let v = Volume::open_or_create(dir.path(), tracks * 4096, 3, raid, false).unwrap();
+            for t in 0..tracks {
+                assert_eq!(
+                    read(&v, t).unwrap(),
+                    pattern(t, 1),
+                    "{raid} track {t} while rebuilding"
+                );
+            }
+            assert!(v.wait_rebuilds(Duration::from_secs(60)));
+            assert_consistent(&v, dir.path());
+            assert!(v.label().degraded.is_empty());
+        }
+    }
+
+    /// With a member lost and no rebuild running, a write goes ahead
+    /// where it is idempotent (its own slot or the parity lost) and waits
+    /// where it would have to read-modify-write the parity.
+    #[test]
+    fn degraded_parity_writes_wait_only_where_a_crash_could_lose_a_member() {
+        let dir = tempfile::tempdir().unwrap();
+        let tracks = 60;
+        let v = Volume::open_or_create(dir.path(), tracks * 4096, 3, Raid::Parity, false).unwrap();
+        for t in 0..tracks {
+            v.write_track(t, &pattern(t, 1)).unwrap();
+        }
+        // Lost, and no replacement (as if the spare could not be made).
+        v.inner.members[1].state.store(LOST, Ordering::Release);
+        let (mut waited, mut written) = (0, 0);
+        for t in 0..tracks {
+            let Place::Parity {
+                stripe,
+                data,
+                parity,
+                ..
+            } = v.layout().place(t)
+            else {
+                unreachable!()
+            };
+            match v.write_track(t, &pattern(t, 2)) {
+                Ok(()) => {
+                    assert!(
+                        data == 1 || parity == 1,
+                        "track {t} wrote around a lost data member"
+                    );
+                    written += 1;
+                }
+                Err(e) => {
+                    assert_eq!(e.kind(), std::io::ErrorKind::ResourceBusy, "{e}");
+                    assert!(
+                        data != 1 && parity != 1,
+                        "track {t} of stripe {stripe} waited"
+                    );
+                    waited += 1;
+                }
+            }
+        }
+        assert!(waited > 0 && written > 0);
+        for t in 0..tracks {
+            let b = read(&v, t).unwrap();
+            assert!(b == pattern(t, 1) || b == pattern(t, 2), "track {t}");
+            let Place::Parity { data, parity, .. } = v.layout().place(t) else {
+                unreachable!()
+            };
+            let version = if data == 1 || parity == 1 { 2 } else { 1 };
+            assert_eq!(b, pattern(t, version), "track {t} read degraded");
+        }
+    }
+
+    /// Two losses in one stripe: the tracks that cannot be reconstructed
+    /// are errors, never other data.
+    #[test]
+    fn a_second_loss_makes_tracks_unreadable_never_wrong() {
+        let dir = tempfile::tempdir().unwrap();
+        let tracks = 600;
+        let v = Volume::open_or_create(dir.path(), tracks * 4096, 3, Raid::Parity, false).unwrap();
+        for t in 0..tracks {
+            v.write_track(t, &pattern(t, 1)).unwrap();
+        }
+        // Lose two devices; fail the replacement of the first too, so
+        // nothing is rebuilt.
+        v.inner.members[0].pulled.store(true, Ordering::Release);
+        v.inner.members[1].pulled.store(true, Ordering::Release);
+        let mut errors = 0;
+        for t in 0..tracks {
+            match read(&v, t) {
+                Ok(b) => assert_eq!(b, pattern(t, 1), "track {t}"),
+                Err(_) => errors += 1,
+            }
+        }
+        assert!(
+            errors > 0,
+            "two lost devices of three must cost some tracks"
+        );
+        assert!(v.degraded());
     }
 }
