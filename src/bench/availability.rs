@@ -55,7 +55,7 @@ struct Timing {
 }
 
 /// Start fio for `runtime` writing a per-100 ms IOPS log under `prefix`.
-fn fio(port: u16, runtime: Duration, prefix: &Path) -> anyhow::Result<Child> {
+pub(super) fn fio(port: u16, runtime: Duration, prefix: &Path) -> anyhow::Result<Child> {
     Command::new("fio")
         .args([
             "--name=load",
@@ -80,7 +80,7 @@ fn fio(port: u16, runtime: Duration, prefix: &Path) -> anyhow::Result<Child> {
 
 /// Total IOPS per 100 ms bucket from fio's iops logs (read and write
 /// lines summed), as (seconds since the log's start, IOPS).
-fn iops_series(prefix: &Path) -> anyhow::Result<Vec<(f64, f64)>> {
+pub(super) fn iops_series(prefix: &Path) -> anyhow::Result<Vec<(f64, f64)>> {
     let path = PathBuf::from(format!("{}_iops.1.log", prefix.display()));
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
@@ -134,7 +134,7 @@ fn reported_total(answer: &str) -> Option<Duration> {
     Some(Duration::from_secs_f64(secs))
 }
 
-fn mean(v: impl Iterator<Item = f64>) -> f64 {
+pub(super) fn mean(v: impl Iterator<Item = f64>) -> f64 {
     let (s, n) = v.fold((0.0, 0u32), |(s, n), x| (s + x, n + 1));
     if n == 0 { 0.0 } else { s / f64::from(n) }
 }

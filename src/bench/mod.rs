@@ -11,6 +11,7 @@ mod badpath;
 mod controller;
 mod fio;
 mod loglock;
+mod lostdevice;
 mod outputcommit;
 mod rcs;
 mod recobox;
@@ -39,6 +40,8 @@ enum Which {
     Box(recobox::BoxBenchArgs),
     /// The controller over NBD vs nbdkit (file, memory) and qemu-nbd, fio cache-standard.
     Controller(controller::ControllerArgs),
+    /// A lost device: degraded service and rebuild per RAID layout, vs striping (fio load).
+    LostDevice(lostdevice::LostDeviceArgs),
     /// Rung 3's output commit: throughput and latency against the checkpoint interval per scheme; rollback time.
     OutputCommit(outputcommit::OutputCommitArgs),
     /// Smart storage nodes: Scan and TPC-H Q1 per layout and device model, I/O / compute / communication; DuckDB peer.
@@ -66,6 +69,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         Which::Box(a) => recobox::run(a),
         Which::Loglock(a) => loglock::run(a),
         Which::OutputCommit(a) => outputcommit::run(a),
+        Which::LostDevice(a) => lostdevice::run(a),
         Which::Smartstore(a) => smartstore::run(a),
     }
 }
