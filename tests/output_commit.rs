@@ -358,8 +358,10 @@ fn a_corrupt_directory_entry_is_restored_by_a_rollback_and_the_read_succeeds() {
         // A second client keeps writing other tracks meanwhile.
         let addr = server.addr.clone();
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let written = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         let load = {
             let stop = std::sync::Arc::clone(&stop);
+            let written = std::sync::Arc::clone(&written);
             std::thread::spawn(move || {
                 let mut w = Raw::go(&addr);
                 let mut n = 0u64;
@@ -367,10 +369,21 @@ fn a_corrupt_directory_entry_is_restored_by_a_rollback_and_the_read_succeeds() {
                     write(&mut w, n, 100 + n % 64, 0xee);
                     reply_ok(&mut w, n, 0);
                     n += 1;
+                    written.store(n, std::sync::atomic::Ordering::Relaxed);
                 }
                 n
             })
         };
+        // The other client is writing before the damage (on a loaded host
+        // its thread may take a while to connect).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while written.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the other client never wrote"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         let answer = server.admin("inject corrupt-directory 5").unwrap();
         assert!(
             answer.contains("damaged the directory entry of track 5"),
