@@ -84,20 +84,37 @@ pub(super) fn iops_series(prefix: &Path) -> anyhow::Result<Vec<(f64, f64)>> {
     let path = PathBuf::from(format!("{}_iops.1.log", prefix.display()));
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let mut buckets: std::collections::BTreeMap<u64, f64> = std::collections::BTreeMap::new();
+    // Bucket -> direction -> (sum, samples): fio's sampling drifts, so a
+    // bucket can hold two samples of one direction; those are averaged,
+    // then the directions summed.
+    let mut buckets: std::collections::BTreeMap<u64, [(f64, u32); 3]> =
+        std::collections::BTreeMap::new();
     for line in text.lines() {
         let f: Vec<&str> = line.split(',').map(str::trim).collect();
         if f.len() < 3 {
             continue;
         }
-        let (Ok(ms), Ok(v)) = (f[0].parse::<u64>(), f[1].parse::<f64>()) else {
+        let (Ok(ms), Ok(v), Ok(dir)) = (
+            f[0].parse::<u64>(),
+            f[1].parse::<f64>(),
+            f[2].parse::<usize>(),
+        ) else {
             continue;
         };
-        *buckets.entry(ms.div_ceil(100)).or_default() += v;
+        let e = &mut buckets.entry(ms.div_ceil(100)).or_default()[dir.min(2)];
+        e.0 += v;
+        e.1 += 1;
     }
     Ok(buckets
         .into_iter()
-        .map(|(b, v)| (b as f64 / 10.0, v))
+        .map(|(b, dirs)| {
+            let v = dirs
+                .iter()
+                .filter(|d| d.1 > 0)
+                .map(|d| d.0 / f64::from(d.1))
+                .sum();
+            (b as f64 / 10.0, v)
+        })
         .collect())
 }
 
@@ -482,6 +499,19 @@ pub fn run(args: AvailabilityArgs) -> anyhow::Result<std::process::ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn iops_buckets_average_a_directions_repeated_samples_and_sum_directions() {
+        let dir = tempfile::tempdir().unwrap();
+        let prefix = dir.path().join("fio");
+        std::fs::write(
+            dir.path().join("fio_iops.1.log"),
+            "100, 1000, 0, 0, 0\n100, 300, 1, 0, 0\n201, 1200, 0, 0, 0\n299, 1400, 0, 0, 0\n300, 500, 1, 0, 0\n",
+        )
+        .unwrap();
+        let s = iops_series(&prefix).unwrap();
+        assert_eq!(s, vec![(0.1, 1300.0), (0.3, 1800.0)]);
+    }
 
     #[test]
     fn the_rung_4_reports_total_is_parsed_in_every_unit() {
