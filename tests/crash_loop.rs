@@ -15,7 +15,9 @@
 //! be a fast restart), and with the box damaged before every restart
 //! (truncated, a header bit flipped, or deleted: every restart must be a
 //! hard restart, rung 6). `REBOUND_CRASH_KILLS` sets the kills per run
-//! (default 150 and 100).
+//! (default 150 and 100). Also on mirror and parity volumes losing a device
+//! every few rounds (rung 7: kills while degraded and mid-rebuild), and
+//! under every output commit scheme.
 
 mod common;
 
@@ -289,6 +291,13 @@ fn damage(path: &std::path::Path, kill: u32, rng: u64) {
 }
 
 fn crash_loop(kills: u32, box_damage: BoxDamage, extra: &[&str]) {
+    crash_loop_with(kills, box_damage, extra, None);
+}
+
+/// The crash loop; with `lose_every = Some(n)`, every n-th round first
+/// loses a device (`inject lose-device`, the devices in turn), so kills land
+/// while the volume is degraded and while its replacement is rebuilt.
+fn crash_loop_with(kills: u32, box_damage: BoxDamage, extra: &[&str], lose_every: Option<u32>) {
     let mut args = vec!["--cache-size", "256K", "--workers", "2"];
     args.extend_from_slice(extra);
     let mut server = Server::start("4M", &args);
@@ -297,11 +306,25 @@ fn crash_loop(kills: u32, box_damage: BoxDamage, extra: &[&str]) {
     let mut rng = 0x1234_5678_9abc_def1u64;
     let mut total_issued = 0;
     let mut total_checked = 0;
+    let mut losses = 0;
     for kill in 0..kills {
         rng ^= rng << 13;
         rng ^= rng >> 7;
         rng ^= rng << 17;
         let delay = Duration::from_micros(2_000 + rng % 40_000);
+        if let Some(n) = lose_every
+            && kill % n == 0
+        {
+            let device = (kill / n) % 3;
+            match server.admin(&format!("inject lose-device {device}")) {
+                Ok(answer) => {
+                    assert!(answer.contains("lost"), "{answer}");
+                    losses += 1;
+                }
+                // The previous loss is still being rebuilt.
+                Err(e) => assert!(e.contains("lost or rebuilding"), "{e}"),
+            }
+        }
         let addr = server.addr.clone();
         let killer = std::thread::spawn(move || std::thread::sleep(delay));
         let writer = {
@@ -347,8 +370,14 @@ fn crash_loop(kills: u32, box_damage: BoxDamage, extra: &[&str]) {
         );
     }
     eprintln!(
-        "{kills} kills ({box_damage:?}), {total_issued} writes issued, {total_checked} acknowledged tracks verified"
+        "{kills} kills ({box_damage:?}), {losses} devices lost, {total_issued} writes issued, {total_checked} acknowledged tracks verified"
     );
+    if lose_every.is_some() {
+        assert!(
+            losses >= 2,
+            "a device must be lost again after a rebuild that ran through kills ended"
+        );
+    }
     assert!(total_checked > 0, "nothing was verified");
 }
 
@@ -474,6 +503,24 @@ fn acknowledged_writes_survive_sigkill_under_every_output_commit_scheme() {
             kills(150) / 6,
             BoxDamage::None,
             &["--output-commit", scheme, "--checkpoint-interval", "2ms"],
+        );
+    }
+}
+
+/// A lost device (rung 7) under the crash loop: on a mirror and on a
+/// parity volume a device is lost every few rounds, with the rebuild
+/// throttled so kills land while it runs; every restart resumes the rebuild
+/// from its label, and every acknowledged write reads back (through the
+/// 256 KiB cache, so mostly from the degraded devices) as its newest
+/// version.
+#[test]
+fn acknowledged_writes_survive_sigkill_while_a_device_is_lost_and_rebuilt() {
+    for raid in ["mirror", "parity"] {
+        crash_loop_with(
+            kills(150) / 4,
+            BoxDamage::None,
+            &["--devices", "3", "--raid", raid, "--rebuild-rate", "4M"],
+            Some(8),
         );
     }
 }

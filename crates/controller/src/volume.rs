@@ -31,6 +31,7 @@
 //! `device<N>.failed.img`) is rebuilt slot by slot in the background, under
 //! the same per-stripe (per-track for mirror) lock the writes take, and the
 //! label records the rebuilt prefix every [`REBUILD_PERSIST_SLOTS`] slots
+//! or [`REBUILD_PERSIST_INTERVAL`], whichever comes first
 //! (after syncing the replacement), so a restart resumes there. A slot of
 //! the replacement is read once rebuilt; it counts for writes once the label
 //! says so.
@@ -68,6 +69,10 @@ use crate::recovery::{RecoveryLog, Rung};
 
 /// Slots rebuilt between two records of the rebuilt prefix in the label.
 pub const REBUILD_PERSIST_SLOTS: u64 = 1024;
+
+/// Longest time between two records of the rebuilt prefix: a process
+/// restarted more often than this still makes progress.
+pub const REBUILD_PERSIST_INTERVAL: Duration = Duration::from_millis(50);
 
 /// Stripe (or track) locks; a stripe uses lock `stripe % STRIPE_LOCKS`.
 const STRIPE_LOCKS: usize = 1024;
@@ -451,7 +456,8 @@ impl Volume {
 
     /// Pull device `d` (the failure model's lost device, injected): every
     /// I/O to it fails from now on, which marks it lost at its next use; a
-    /// replacement then takes its place. Refused without redundancy.
+    /// replacement then takes its place. Refused without redundancy, and
+    /// while another device is lost or rebuilding.
     pub fn pull(&self, d: usize) -> Result<(), String> {
         let raid = self.inner.layout.raid();
         if !raid.redundant() {
@@ -467,6 +473,18 @@ impl Volume {
         };
         if m.state.load(Ordering::Acquire) != ONLINE {
             return Err(format!("device {d} is already lost or rebuilding"));
+        }
+        // One loss is what the layouts survive; an injected second one
+        // would only make tracks unreadable (a real one is not asked).
+        if let Some(other) = self
+            .inner
+            .members
+            .iter()
+            .position(|m| m.state.load(Ordering::Acquire) != ONLINE)
+        {
+            return Err(format!(
+                "device {other} is still lost or rebuilding; losing device {d} too would make tracks unreadable"
+            ));
         }
         m.pulled.store(true, Ordering::Release);
         // Mark it now rather than at its next I/O, so an idle volume
@@ -509,10 +527,17 @@ impl Volume {
         let t = TRACK_BYTES as u64;
         if !runs.is_empty() {
             // Whole stripes (or copies) zeroed on every device keep the
-            // parity the XOR of zeroes. A range is zeroed under no lock: a
-            // destage racing it is ordered by the cache, which discarded
-            // the range's dirty tracks first.
+            // parity the XOR of zeroes. A destage racing the range is
+            // ordered by the cache, which discarded its dirty tracks first;
+            // a rebuild is not, and must not copy a stripe half zeroed onto
+            // the replacement, so while one runs every stripe lock is held
+            // (in index order; nobody else holds two).
             self.inner.retry(|i| {
+                let _all: Vec<MutexGuard<'_, ()>> = if self.degraded() {
+                    i.locks.iter().map(|l| l.lock()).collect()
+                } else {
+                    Vec::new()
+                };
                 for &(d, lo, hi) in &runs {
                     if i.members[d].state.load(Ordering::Acquire) == LOST {
                         continue;
@@ -848,6 +873,7 @@ impl Inner {
         );
         let mut buf = vec![0u8; TRACK_BYTES];
         let mut last_report = Instant::now();
+        let mut last_persist = (from, Instant::now());
         let mut slot = from;
         let outcome: Result<(), String> = loop {
             if self.closing.load(Ordering::Acquire) {
@@ -901,14 +927,20 @@ impl Inner {
                     let due = Duration::from_secs_f64(
                         ((slot - from) * TRACK_BYTES as u64) as f64 / rate as f64,
                     );
-                    if let Some(ahead) = due.checked_sub(started.elapsed())
+                    // In short naps, so closing the volume is not held up.
+                    while let Some(ahead) = due.checked_sub(started.elapsed())
                         && ahead > Duration::from_millis(1)
+                        && !self.closing.load(Ordering::Acquire)
                     {
-                        std::thread::sleep(ahead);
+                        std::thread::sleep(ahead.min(Duration::from_millis(20)));
                     }
                 }
             }
-            if slot == slots || (slot - from).is_multiple_of(REBUILD_PERSIST_SLOTS) {
+            if slot == slots
+                || slot - last_persist.0 >= REBUILD_PERSIST_SLOTS
+                || last_persist.1.elapsed() >= REBUILD_PERSIST_INTERVAL
+            {
+                last_persist = (slot, Instant::now());
                 if let Err(e) = self.on(d, |dev| dev.sync()) {
                     break Err(match e {
                         Fault::Device(_, e) | Fault::Io(e) => e.to_string(),
@@ -1156,6 +1188,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let v = Volume::open_or_create(dir.path(), 32768, 2, Raid::Mirror, false).unwrap();
         assert!(v.pull(2).unwrap_err().contains("does not exist"));
+        // A second loss while the first is rebuilt (one slot a second).
+        v.set_rebuild_rate(4096);
+        v.pull(0).unwrap();
+        assert!(
+            v.pull(0)
+                .unwrap_err()
+                .contains("already lost or rebuilding")
+        );
+        let e = v.pull(1).unwrap_err();
+        assert!(e.contains("device 0 is still lost or rebuilding"), "{e}");
     }
 
     /// The failure model's lost device: nothing written is lost, reads
@@ -1224,6 +1266,32 @@ mod tests {
                     .any(|c| c.contains(&format!("device {lost} rebuilt"))),
                 "{causes:?}"
             );
+        }
+    }
+
+    /// Zeroing a range while a rebuild runs leaves every stripe whole: the
+    /// rebuild never copies a half-zeroed stripe onto the replacement.
+    #[test]
+    fn zeroing_during_a_rebuild_leaves_the_volume_consistent() {
+        for raid in [Raid::Mirror, Raid::Parity] {
+            let dir = tempfile::tempdir().unwrap();
+            let tracks = 6000;
+            let v = Volume::open_or_create(dir.path(), tracks * 4096, 3, raid, false).unwrap();
+            for t in 0..tracks {
+                v.write_track(t, &pattern(t, 1)).unwrap();
+            }
+            v.pull(2).unwrap();
+            v.zero_tracks(10, tracks - 10, false).unwrap();
+            assert!(v.wait_rebuilds(Duration::from_secs(60)));
+            for t in 0..tracks {
+                let b = read(&v, t).unwrap();
+                if (10..tracks - 10).contains(&t) {
+                    assert!(b.iter().all(|&x| x == 0), "{raid} track {t}");
+                } else {
+                    assert_eq!(b, pattern(t, 1), "{raid} track {t}");
+                }
+            }
+            assert_consistent(&v, dir.path());
         }
     }
 
