@@ -13,6 +13,7 @@
 //! | 9 s | a system recovery on request | 4: in-process system recovery, connections up |
 //! | 10 s | the process aborts | 5: fast restart from the recovery box (by the supervisor) |
 //! | 14 s | the recovery box is invalidated, then the process aborts | 6: hard restart from an NVS scan |
+//! | 17 s | a device is lost (the volume is RAID-5 over three devices) | 7: reads and writes served around it, a replacement rebuilt |
 //!
 //! A line per second shows the client's throughput; the final table shows,
 //! per rung, the recoveries the server counted, the client's longest wait
@@ -184,6 +185,10 @@ pub fn run(args: DemoArgs) -> anyhow::Result<std::process::ExitCode> {
             "8M",
             "--output-commit",
             "buffering",
+            "--devices",
+            "3",
+            "--raid",
+            "parity",
         ])
         .stdout(Stdio::null())
         .stderr(log)
@@ -255,8 +260,14 @@ pub fn run(args: DemoArgs) -> anyhow::Result<std::process::ExitCode> {
             fault: "recovery box invalidated, process aborts",
             requests: &["inject crash-damaged-box"],
         },
+        Phase {
+            at: 17,
+            rung: "7 reconstruct",
+            fault: "device 1 lost; served around, rebuilt",
+            requests: &["inject lose-device 1"],
+        },
     ];
-    let end = 18;
+    let end = 20;
     let start = Instant::now();
     let mut last_ops = 0;
     let mut rows: Vec<(String, String, u64)> = Vec::new();
@@ -327,6 +338,8 @@ pub fn run(args: DemoArgs) -> anyhow::Result<std::process::ExitCode> {
             Some("4") => rung_count(&counted_before_crash, "system"),
             Some("5") => 1,
             Some("6") => rung_count(&after, "hard-restart"),
+            // The loss and the end of its rebuild.
+            Some("7") => rung_count(&after, "reconstruct"),
             _ => 0,
         };
         table.row(vec![
