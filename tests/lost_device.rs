@@ -167,3 +167,38 @@ fn a_raid_layout_needs_enough_devices_and_cannot_change_under_a_volume() {
         "{err}"
     );
 }
+
+#[test]
+fn a_device_file_gone_while_stopped_is_rebuilt_with_redundancy_and_refused_without() {
+    let mut server = Server::start("16M", &["--devices", "3", "--raid", "mirror"]);
+    let uri = server.uri();
+    qemu_io(
+        &["-f", "raw", uri.as_str()],
+        &["write -P 0x71 0 16M".into()],
+    );
+    server.stop();
+    let data = server.dir.path().join("data");
+    std::fs::remove_file(data.join("device0.img")).unwrap();
+    server.restart();
+    assert!(
+        server.log().contains("device file missing"),
+        "{}",
+        server.log()
+    );
+    wait_status(&server, "the rebuild", REBUILD_WAIT, |s| {
+        !s.contains("DEGRADED")
+    });
+    let uri = server.uri();
+    qemu_io(&["-f", "raw", uri.as_str()], &["read -P 0x71 0 16M".into()]);
+    server.stop();
+
+    let mut plain = Server::start("16M", &["--devices", "2"]);
+    plain.stop();
+    std::fs::remove_file(plain.dir.path().join("data").join("device1.img")).unwrap();
+    let (started, log) = plain.start_refused();
+    assert!(!started, "{log}");
+    assert!(
+        log.contains("device1.img") && log.contains("missing"),
+        "{log}"
+    );
+}

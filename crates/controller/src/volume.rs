@@ -265,13 +265,15 @@ impl Volume {
         };
         std::fs::create_dir_all(dir).map_err(io)?;
         let label_path = dir.join("volume.toml");
-        let label = match std::fs::read_to_string(&label_path) {
+        let mut label = match std::fs::read_to_string(&label_path) {
             Ok(text) => {
-                let label: Label = toml::from_str(&text).map_err(|e| VolumeError::BadLabel {
-                    path: label_path.clone(),
-                    message: e.to_string(),
-                })?;
+                let mut label: Label =
+                    toml::from_str(&text).map_err(|e| VolumeError::BadLabel {
+                        path: label_path.clone(),
+                        message: e.to_string(),
+                    })?;
                 Self::check(dir, &label, size_bytes, devices, raid)?;
+                Self::adopt_missing_devices(dir, &mut label)?;
                 label
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -288,6 +290,7 @@ impl Volume {
             }
             Err(e) => return Err(io(e)),
         };
+        label.degraded.sort_by_key(|g| g.device);
         let layout = Layout::new(
             label.raid,
             label.devices,
@@ -333,6 +336,39 @@ impl Volume {
             Inner::spawn_rebuild(&v.inner, d);
         }
         Ok(v)
+    }
+
+    /// A device file missing from an existing volume: lost (rebuilt from
+    /// the others, recorded in the label first) when the volume has
+    /// redundancy, else an error, never a device of zeroes served as data.
+    fn adopt_missing_devices(dir: &Path, label: &mut Label) -> Result<(), VolumeError> {
+        let mut changed = false;
+        for d in 0..label.devices as usize {
+            let path = device_path(dir, d);
+            if path.exists() {
+                continue;
+            }
+            if !label.raid.redundant() {
+                return Err(VolumeError::BadLabel {
+                    path,
+                    message: "the device file of an existing volume is missing, and the volume has no redundancy to rebuild it from (raid = \"none\")".into(),
+                });
+            }
+            tracing::warn!(device = d, path = %path.display(), "device file missing: treating the device as lost");
+            label.degraded.retain(|g| g.device as usize != d);
+            label.degraded.push(Degraded {
+                device: d as u32,
+                rebuilt_slots: 0,
+            });
+            changed = true;
+        }
+        if changed {
+            write_label(dir, label).map_err(|source| VolumeError::Io {
+                dir: dir.to_owned(),
+                source,
+            })?;
+        }
+        Ok(())
     }
 
     fn check(
@@ -385,6 +421,23 @@ impl Volume {
         }
         if let Some(g) = label.degraded.iter().find(|g| g.device >= label.devices) {
             return Err(bad(format!("degraded device {} does not exist", g.device)));
+        }
+        let slots = Layout::new(
+            label.raid,
+            label.devices,
+            label.size_bytes / TRACK_BYTES as u64,
+        )
+        .slots_per_device();
+        if let Some(g) = label.degraded.iter().find(|g| g.rebuilt_slots > slots) {
+            return Err(bad(format!(
+                "degraded device {} is rebuilt to slot {}, past its {slots} slots",
+                g.device, g.rebuilt_slots
+            )));
+        }
+        let mut seen: Vec<u32> = label.degraded.iter().map(|g| g.device).collect();
+        seen.sort_unstable();
+        if seen.windows(2).any(|w| w[0] == w[1]) {
+            return Err(bad("a device is recorded degraded twice".into()));
         }
         if !label.raid.redundant() && !label.degraded.is_empty() {
             return Err(bad("a volume without redundancy cannot be degraded".into()));
@@ -1156,6 +1209,7 @@ mod tests {
     #[test]
     fn a_label_from_before_raid_opens_as_a_volume_without_redundancy() {
         let dir = tempfile::tempdir().unwrap();
+        drop(Volume::open_or_create(dir.path(), 32768, 2, Raid::None, false).unwrap());
         std::fs::write(
             dir.path().join("volume.toml"),
             "id = 7\nsize_bytes = 32768\ntrack_bytes = 4096\ndevices = 2\n",
@@ -1178,6 +1232,60 @@ mod tests {
         .unwrap();
         let e = Volume::open_or_create(dir.path(), 32768, 3, Raid::Parity, false).unwrap_err();
         assert!(e.to_string().contains("degraded device 9"), "{e}");
+    }
+
+    #[test]
+    fn impossible_degraded_records_are_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(Volume::open_or_create(dir.path(), 32768, 3, Raid::Parity, false).unwrap());
+        let text = std::fs::read_to_string(dir.path().join("volume.toml")).unwrap();
+        for (extra, want) in [
+            (
+                "[[degraded]]\ndevice = 1\nrebuilt_slots = 99\n",
+                "past its 4 slots",
+            ),
+            (
+                "[[degraded]]\ndevice = 1\nrebuilt_slots = 0\n[[degraded]]\ndevice = 1\nrebuilt_slots = 1\n",
+                "degraded twice",
+            ),
+        ] {
+            std::fs::write(dir.path().join("volume.toml"), format!("{text}{extra}")).unwrap();
+            let e = Volume::open_or_create(dir.path(), 32768, 3, Raid::Parity, false).unwrap_err();
+            assert!(e.to_string().contains(want), "{e}");
+        }
+    }
+
+    /// A device file gone from an existing volume is never replaced by
+    /// zeroes served as data: rebuilt with redundancy, an error without.
+    #[test]
+    fn a_missing_device_file_is_rebuilt_with_redundancy_and_refused_without() {
+        let dir = tempfile::tempdir().unwrap();
+        let v = Volume::open_or_create(dir.path(), 64 * 4096, 2, Raid::None, false).unwrap();
+        v.write_track(0, &pattern(0, 1)).unwrap();
+        drop(v);
+        std::fs::remove_file(device_path(dir.path(), 1)).unwrap();
+        let e = Volume::open_or_create(dir.path(), 64 * 4096, 2, Raid::None, false).unwrap_err();
+        assert!(
+            e.to_string().contains("device1.img") && e.to_string().contains("missing"),
+            "{e}"
+        );
+
+        for raid in [Raid::Mirror, Raid::Parity] {
+            let dir = tempfile::tempdir().unwrap();
+            let v = Volume::open_or_create(dir.path(), 300 * 4096, 3, raid, false).unwrap();
+            for t in 0..300 {
+                v.write_track(t, &pattern(t, 1)).unwrap();
+            }
+            drop(v);
+            std::fs::remove_file(device_path(dir.path(), 2)).unwrap();
+            let v = Volume::open_or_create(dir.path(), 300 * 4096, 3, raid, false).unwrap();
+            for t in 0..300 {
+                assert_eq!(read(&v, t).unwrap(), pattern(t, 1), "{raid} track {t}");
+            }
+            assert!(v.wait_rebuilds(Duration::from_secs(60)));
+            assert_consistent(&v, dir.path());
+            assert!(v.label().degraded.is_empty());
+        }
     }
 
     #[test]
