@@ -74,6 +74,10 @@ pub const REBUILD_PERSIST_SLOTS: u64 = 1024;
 /// restarted more often than this still makes progress.
 pub const REBUILD_PERSIST_INTERVAL: Duration = Duration::from_millis(50);
 
+/// Longest a zeroed track at a range's edge waits for the rebuild to pass
+/// its stripe (as long as a FLUSH waits for a destage).
+const ZERO_WAIT: Duration = Duration::from_secs(30);
+
 /// Stripe (or track) locks; a stripe uses lock `stripe % STRIPE_LOCKS`.
 const STRIPE_LOCKS: usize = 1024;
 
@@ -604,7 +608,20 @@ impl Volume {
         }
         let zeros = vec![0u8; TRACK_BYTES];
         for track in loose {
-            self.write_track(track, &zeros)?;
+            // A write held until the rebuild passes its stripe waits here
+            // (bounded): a zeroed range has no NVS record to wait in.
+            let deadline = Instant::now() + ZERO_WAIT;
+            loop {
+                match self.write_track(track, &zeros) {
+                    Err(e)
+                        if e.kind() == std::io::ErrorKind::ResourceBusy
+                            && Instant::now() < deadline =>
+                    {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    other => break other?,
+                }
+            }
         }
         Ok(())
     }
@@ -1401,6 +1418,34 @@ mod tests {
             }
             assert_consistent(&v, dir.path());
         }
+    }
+
+    /// A zeroed range's edge track whose stripe misses another member
+    /// waits for the rebuild to pass it instead of failing.
+    #[test]
+    fn zeroing_an_edge_track_of_a_held_stripe_waits_for_the_rebuild() {
+        let dir = tempfile::tempdir().unwrap();
+        let tracks = 600;
+        let v = Volume::open_or_create(dir.path(), tracks * 4096, 3, Raid::Parity, false).unwrap();
+        for t in 0..tracks {
+            v.write_track(t, &pattern(t, 1)).unwrap();
+        }
+        // Lose the device of track 599, the other member of track 598's
+        // (last) stripe, with a rebuild of about half a second.
+        let Place::Parity { data: lost, .. } = v.layout().place(599) else {
+            unreachable!()
+        };
+        v.set_rebuild_rate(300 * 4096 * 2);
+        v.pull(lost).unwrap();
+        v.zero_tracks(1, 599, false).unwrap();
+        assert!(v.wait_rebuilds(Duration::from_secs(60)));
+        for t in [0, 599] {
+            assert_eq!(read(&v, t).unwrap(), pattern(t, 1), "track {t}");
+        }
+        for t in [1, 2, 300, 597, 598] {
+            assert!(read(&v, t).unwrap().iter().all(|&b| b == 0), "track {t}");
+        }
+        assert_consistent(&v, dir.path());
     }
 
     /// A restart trusts a lost device's replacement only up to the prefix
