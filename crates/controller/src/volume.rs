@@ -18,6 +18,7 @@
 //! [[degraded]]             # one per lost device, until its rebuild ends
 //! device = 1
 //! rebuilt_slots = 4096     # slots [0, 4096) of the replacement are rebuilt and synced
+//! ahead = [70000, 91234]   # slots past that rebuilt early, for a write (parity only)
 //! ```
 //!
 //! ## Losing a device
@@ -42,11 +43,18 @@
 //! - parity, the parity slot missing: the data alone is written;
 //! - parity, the written track's own slot missing: only the parity,
 //!   recomputed from the other members (idempotent);
-//! - parity, another data member missing: the write would have to
+//! - parity, another data member missing: writing around it would have to
 //!   read-modify-write the parity, and a crash in between would leave the
-//!   missing member unrecoverable (the RAID-5 write hole), so the write
-//!   waits ([`std::io::ErrorKind::ResourceBusy`]; destage retries, the
-//!   data stays in the NVS) until the rebuild has passed that stripe.
+//!   missing member unrecoverable (the RAID-5 write hole). So that member
+//!   is rebuilt *ahead* first: its slot on the replacement is computed
+//!   from the (consistent) stripe, written and synced, and recorded in the
+//!   label's `ahead` list before the write goes on as a reconstruct-write
+//!   with every member present. The rebuild skips slots rebuilt ahead (a
+//!   stripe half written at a crash must not be rebuilt from, the slot
+//!   already holds the member). Without a replacement (or with
+//!   [`AHEAD_MAX`] slots ahead already) the write waits
+//!   ([`std::io::ErrorKind::ResourceBusy`]; destage retries, the data stays
+//!   in the NVS) until the rebuild has passed that stripe.
 //!
 //! A second loss in the same stripe (or of both copies) makes those tracks
 //! unreadable (an error, never other data) and their writes wait in the
@@ -73,6 +81,10 @@ pub const REBUILD_PERSIST_SLOTS: u64 = 1024;
 /// Longest time between two records of the rebuilt prefix: a process
 /// restarted more often than this still makes progress.
 pub const REBUILD_PERSIST_INTERVAL: Duration = Duration::from_millis(50);
+
+/// Most slots of one replacement rebuilt ahead of its rebuild (each is a
+/// label entry, rewritten with the label).
+pub const AHEAD_MAX: usize = 4096;
 
 /// Longest a zeroed track at a range's edge waits for the rebuild to pass
 /// its stripe (as long as a FLUSH waits for a destage).
@@ -102,13 +114,16 @@ pub struct Label {
 }
 
 /// A lost device, recorded in the label until its replacement is rebuilt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Degraded {
     /// The device.
     pub device: u32,
     /// Slots `[0, rebuilt_slots)` of its replacement are rebuilt and synced.
     pub rebuilt_slots: u64,
+    /// Slots past `rebuilt_slots` rebuilt (and synced) ahead, for a write.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ahead: Vec<u64>,
 }
 
 /// Why a volume could not be opened.
@@ -167,6 +182,8 @@ struct Member {
     durable: AtomicU64,
     /// Losses so far: a rebuild stops when the device is lost again.
     losses: AtomicU64,
+    /// REBUILDING: slots past `durable` rebuilt ahead and in the label.
+    ahead: Mutex<std::collections::BTreeSet<u64>>,
 }
 
 /// How a slot may be used now.
@@ -313,6 +330,10 @@ impl Volume {
                     rebuilt: AtomicU64::new(lost.map_or(0, |g| g.rebuilt_slots)),
                     durable: AtomicU64::new(lost.map_or(0, |g| g.rebuilt_slots)),
                     losses: AtomicU64::new(0),
+                    ahead: Mutex::new(
+                        lost.map(|g| g.ahead.iter().copied().collect())
+                            .unwrap_or_default(),
+                    ),
                 })
             })
             .collect::<Result<Vec<_>, VolumeError>>()?;
@@ -363,6 +384,7 @@ impl Volume {
             label.degraded.push(Degraded {
                 device: d as u32,
                 rebuilt_slots: 0,
+                ahead: Vec::new(),
             });
             changed = true;
         }
@@ -432,9 +454,13 @@ impl Volume {
             label.size_bytes / TRACK_BYTES as u64,
         )
         .slots_per_device();
-        if let Some(g) = label.degraded.iter().find(|g| g.rebuilt_slots > slots) {
+        if let Some(g) = label
+            .degraded
+            .iter()
+            .find(|g| g.rebuilt_slots > slots || g.ahead.iter().any(|&a| a >= slots))
+        {
             return Err(bad(format!(
-                "degraded device {} is rebuilt to slot {}, past its {slots} slots",
+                "degraded device {} is rebuilt to slot {} (or ahead past it), past its {slots} slots",
                 g.device, g.rebuilt_slots
             )));
         }
@@ -700,7 +726,7 @@ impl Inner {
             ONLINE => Use::Good,
             LOST => Use::Missing,
             _ => {
-                if slot < m.durable.load(Ordering::Acquire) {
+                if slot < m.durable.load(Ordering::Acquire) || m.ahead.lock().contains(&slot) {
                     Use::Good
                 } else if slot < m.rebuilt.load(Ordering::Acquire) {
                     Use::Unrecorded
@@ -835,10 +861,13 @@ impl Inner {
                     // No parity to keep: the data alone.
                     return self.write_slot(dd, stripe, data);
                 }
-                if ou.contains(&Use::Missing) {
-                    return Err(Self::wait_for_rebuild(format!(
-                        "track {track}: stripe {stripe} misses another data member; a read-modify-write could lose it in a crash"
-                    )));
+                if let Some(i) = ou.iter().position(|&u| u == Use::Missing) {
+                    // Rebuild that member ahead (module doc), or wait.
+                    self.rebuild_ahead(others[i], stripe).map_err(|why| {
+                        Self::wait_for_rebuild(format!(
+                            "track {track}: stripe {stripe} misses another data member ({why}); a read-modify-write could lose it in a crash"
+                        ))
+                    })?;
                 }
                 // Reconstruct-write: parity from the new data and the other
                 // members as they are on the devices; idempotent, so an
@@ -854,6 +883,51 @@ impl Inner {
         }
     }
 
+    /// Rebuild slot `stripe` of replacement `d` now, out of order: compute
+    /// it from the rest of the stripe (under the stripe's lock, held by the
+    /// caller), write and sync it, and record it in the label. An error
+    /// (no replacement, too many ahead, an I/O failure) says why not.
+    fn rebuild_ahead(&self, d: usize, stripe: u64) -> Result<(), String> {
+        let m = &self.members[d];
+        if m.state.load(Ordering::Acquire) != REBUILDING {
+            return Err(format!("device {d} has no replacement yet"));
+        }
+        if m.ahead.lock().len() >= AHEAD_MAX {
+            return Err(format!(
+                "{AHEAD_MAX} slots of device {d} rebuilt ahead already"
+            ));
+        }
+        let mut buf = vec![0u8; TRACK_BYTES];
+        let rest = self
+            .layout
+            .stripe_devices(stripe)
+            .into_iter()
+            .filter(|&x| x != d);
+        let fault = |f: Fault| match f {
+            Fault::Device(x, e) => format!("device {x}: {e}"),
+            Fault::Io(e) => e.to_string(),
+        };
+        self.xor_of(stripe, rest, &mut buf).map_err(fault)?;
+        self.write_slot(d, stripe, &buf).map_err(fault)?;
+        self.on(d, |dev| dev.sync()).map_err(fault)?;
+        let mut label = self.label.lock();
+        if m.state.load(Ordering::Acquire) != REBUILDING {
+            return Err(format!("device {d} was lost again"));
+        }
+        let Some(g) = label.degraded.iter_mut().find(|g| g.device as usize == d) else {
+            return Err(format!("device {d} is not recorded degraded"));
+        };
+        g.ahead.push(stripe);
+        if let Err(e) = write_label(&self.dir, &label) {
+            if let Some(g) = label.degraded.iter_mut().find(|g| g.device as usize == d) {
+                g.ahead.retain(|&a| a != stripe);
+            }
+            return Err(format!("recording it in the label: {e}"));
+        }
+        m.ahead.lock().insert(stripe);
+        Ok(())
+    }
+
     /// Mark device `d` lost (after `why`), record it in the label before
     /// any write skips it, and start rebuilding a replacement.
     fn fail(self: &Arc<Self>, d: usize, why: &std::io::Error) {
@@ -867,6 +941,7 @@ impl Inner {
             label.degraded.push(Degraded {
                 device: d as u32,
                 rebuilt_slots: 0,
+                ahead: Vec::new(),
             });
             label.degraded.sort_by_key(|g| g.device);
             if let Err(e) = write_label(&self.dir, &label) {
@@ -876,6 +951,7 @@ impl Inner {
             }
             m.losses.fetch_add(1, Ordering::AcqRel);
             m.state.store(LOST, Ordering::Release);
+            m.ahead.lock().clear();
             m.rebuilt.store(0, Ordering::Release);
             m.durable.store(0, Ordering::Release);
         }
@@ -968,6 +1044,10 @@ impl Inner {
                         self.read_slot(from.0, from.1, &mut buf)
                             .and_then(|()| self.write_slot(d, slot, &buf))
                     }
+                    // Rebuilt ahead for a write, and kept current since:
+                    // never rebuilt again from a stripe a crash may have
+                    // left half written.
+                    Owner::Stripe(stripe) if m.ahead.lock().contains(&stripe) => Ok(()),
                     Owner::Stripe(stripe) => {
                         let _g = self.lock(stripe);
                         let rest = self
@@ -1026,11 +1106,13 @@ impl Inner {
                     label.degraded.retain(|g| g.device as usize != d);
                 } else if let Some(g) = label.degraded.iter_mut().find(|g| g.device as usize == d) {
                     g.rebuilt_slots = slot;
+                    g.ahead.retain(|&a| a >= slot);
                 }
                 if let Err(e) = write_label(&self.dir, &label) {
                     break Err(format!("recording the rebuild in the label: {e}"));
                 }
                 m.durable.store(slot, Ordering::Release);
+                m.ahead.lock().retain(|&a| a >= slot);
                 if slot == slots {
                     m.state.store(ONLINE, Ordering::Release);
                     break Ok(());
@@ -1420,10 +1502,10 @@ mod tests {
         }
     }
 
-    /// A zeroed range's edge track whose stripe misses another member
-    /// waits for the rebuild to pass it instead of failing.
+    /// A zeroed range's edge track whose stripe misses another member,
+    /// with no replacement yet, waits for one instead of failing.
     #[test]
-    fn zeroing_an_edge_track_of_a_held_stripe_waits_for_the_rebuild() {
+    fn zeroing_an_edge_track_of_a_held_stripe_waits_for_a_replacement() {
         let dir = tempfile::tempdir().unwrap();
         let tracks = 600;
         let v = Volume::open_or_create(dir.path(), tracks * 4096, 3, Raid::Parity, false).unwrap();
@@ -1435,9 +1517,20 @@ mod tests {
         let Place::Parity { data: lost, .. } = v.layout().place(599) else {
             unreachable!()
         };
-        v.set_rebuild_rate(300 * 4096 * 2);
-        v.pull(lost).unwrap();
+        // Lost, and its replacement only 300 ms later.
+        v.inner.members[lost].state.store(LOST, Ordering::Release);
+        let inner = Arc::clone(&v.inner);
+        let late = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            Inner::spawn_rebuild(&inner, lost);
+        });
+        let started = Instant::now();
         v.zero_tracks(1, 599, false).unwrap();
+        assert!(
+            started.elapsed() >= Duration::from_millis(250),
+            "it did not wait"
+        );
+        late.join().unwrap();
         assert!(v.wait_rebuilds(Duration::from_secs(60)));
         for t in [0, 599] {
             assert_eq!(read(&v, t).unwrap(), pattern(t, 1), "track {t}");
@@ -1446,6 +1539,62 @@ mod tests {
             assert!(read(&v, t).unwrap().iter().all(|&b| b == 0), "track {t}");
         }
         assert_consistent(&v, dir.path());
+    }
+
+    /// A write around a missing data member rebuilds that member ahead and
+    /// records it; a crash in the middle of a later write to the stripe
+    /// (data written, parity not) does not make the restarted rebuild
+    /// recompute the member from the half-written stripe.
+    #[test]
+    fn a_member_rebuilt_ahead_is_kept_across_a_crash_mid_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let tracks = 600;
+        let v = Volume::open_or_create(dir.path(), tracks * 4096, 3, Raid::Parity, false).unwrap();
+        for t in 0..tracks {
+            v.write_track(t, &pattern(t, 1)).unwrap();
+        }
+        // Stripe 200 = tracks 400 and 401; lose 401's device; the rebuild
+        // crawls (one slot a second), far from slot 200.
+        let l = v.layout();
+        let Place::Parity { data: lost, .. } = l.place(401) else {
+            unreachable!()
+        };
+        let Place::Parity {
+            stripe, data: d400, ..
+        } = l.place(400)
+        else {
+            unreachable!()
+        };
+        assert_eq!(stripe, 200);
+        v.set_rebuild_rate(4096);
+        v.pull(lost).unwrap();
+        // Goes ahead once the replacement exists (the rebuild itself is
+        // 200 s from slot 200): 401's slot rebuilt ahead.
+        write_retrying(&v, 400, &pattern(400, 2));
+        assert!(v.inner.members[lost].rebuilt.load(Ordering::Acquire) < 200);
+        let label = v.label();
+        assert_eq!(label.degraded[0].ahead, vec![200], "{label:?}");
+        drop(v);
+        // A crash in the middle of writing 400 again: its data on the
+        // device, the parity not.
+        {
+            use std::os::unix::fs::FileExt;
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(device_path(dir.path(), d400))
+                .unwrap();
+            f.write_all_at(&pattern(400, 3), 200 * TRACK_BYTES as u64)
+                .unwrap();
+        }
+        let v = Volume::open_or_create(dir.path(), tracks * 4096, 3, Raid::Parity, false).unwrap();
+        assert!(v.wait_rebuilds(Duration::from_secs(60)));
+        // 401 is what was written, not the XOR of the half-written stripe.
+        assert_eq!(read(&v, 401).unwrap(), pattern(401, 1));
+        // The redo of the interrupted write makes the stripe whole.
+        v.write_track(400, &pattern(400, 3)).unwrap();
+        assert_eq!(read(&v, 400).unwrap(), pattern(400, 3));
+        assert_consistent(&v, dir.path());
+        assert!(v.label().degraded.is_empty());
     }
 
     /// A restart trusts a lost device's replacement only up to the prefix
@@ -1466,6 +1615,7 @@ mod tests {
             label.degraded.push(Degraded {
                 device: 1,
                 rebuilt_slots: 1024,
+                ahead: Vec::new(),
             });
             write_label(dir.path(), &label).unwrap();
             {
