@@ -18,8 +18,18 @@
 //! [[degraded]]             # one per lost device, until its rebuild ends
 //! device = 1
 //! rebuilt_slots = 4096     # slots [0, 4096) of the replacement are rebuilt and synced
-//! ahead = [70000, 91234]   # slots past that rebuilt early, for a write (parity only)
+//! generation = 2718281828 # this loss's number, in its ahead log's records
 //! ```
+//!
+//! Ahead log `device<N>.ahead` (parity only; slots of the replacement
+//! rebuilt out of order, for a write): appended and synced, 16 bytes per
+//! record, little-endian:
+//! ```text
+//! u64 slot | u32 generation | u32 crc32c of the first 12 bytes
+//! ```
+//! Records of another generation (an earlier loss) are ignored; reading
+//! stops at the first record failing its check (a torn last append, whose
+//! write never went on).
 //!
 //! ## Losing a device
 //!
@@ -48,7 +58,7 @@
 //!   missing member unrecoverable (the RAID-5 write hole). So that member
 //!   is rebuilt *ahead* first: its slot on the replacement is computed
 //!   from the (consistent) stripe, written and synced, and recorded in the
-//!   label's `ahead` list before the write goes on as a reconstruct-write
+//!   device's ahead log before the write goes on as a reconstruct-write
 //!   with every member present. The rebuild skips slots rebuilt ahead (a
 //!   stripe half written at a crash must not be rebuilt from, the slot
 //!   already holds the member). Without a replacement (or with
@@ -82,9 +92,12 @@ pub const REBUILD_PERSIST_SLOTS: u64 = 1024;
 /// restarted more often than this still makes progress.
 pub const REBUILD_PERSIST_INTERVAL: Duration = Duration::from_millis(50);
 
-/// Most slots of one replacement rebuilt ahead of its rebuild (each is a
-/// label entry, rewritten with the label).
-pub const AHEAD_MAX: usize = 4096;
+/// Most slots of one replacement rebuilt ahead of its rebuild (kept in
+/// memory too).
+pub const AHEAD_MAX: usize = 1 << 20;
+
+/// Bytes of one ahead log record.
+const AHEAD_RECORD: usize = 16;
 
 /// Longest a zeroed track at a range's edge waits for the rebuild to pass
 /// its stripe (as long as a FLUSH waits for a destage).
@@ -121,9 +134,9 @@ pub struct Degraded {
     pub device: u32,
     /// Slots `[0, rebuilt_slots)` of its replacement are rebuilt and synced.
     pub rebuilt_slots: u64,
-    /// Slots past `rebuilt_slots` rebuilt (and synced) ahead, for a write.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub ahead: Vec<u64>,
+    /// This loss's number: the ahead log's records carry it.
+    #[serde(default)]
+    pub generation: u32,
 }
 
 /// Why a volume could not be opened.
@@ -182,8 +195,10 @@ struct Member {
     durable: AtomicU64,
     /// Losses so far: a rebuild stops when the device is lost again.
     losses: AtomicU64,
-    /// REBUILDING: slots past `durable` rebuilt ahead and in the label.
+    /// REBUILDING: slots past `durable` rebuilt ahead and in the ahead log.
     ahead: Mutex<std::collections::BTreeSet<u64>>,
+    /// The ahead log, open for appending.
+    ahead_log: Mutex<Option<std::fs::File>>,
 }
 
 /// How a slot may be used now.
@@ -258,6 +273,39 @@ fn device_path(dir: &Path, d: usize) -> PathBuf {
     dir.join(format!("device{d}.img"))
 }
 
+fn ahead_path(dir: &Path, d: usize) -> PathBuf {
+    dir.join(format!("device{d}.ahead"))
+}
+
+/// A number for a new loss, distinct from earlier ones' (a stale ahead log
+/// is never read as this loss's).
+fn new_generation() -> u32 {
+    (fastrand_id() >> 16) as u32
+}
+
+/// The slots of device `d` rebuilt ahead in loss `generation`.
+fn read_ahead_log(
+    dir: &Path,
+    d: usize,
+    generation: u32,
+    slots: u64,
+) -> std::collections::BTreeSet<u64> {
+    let bytes = std::fs::read(ahead_path(dir, d)).unwrap_or_default();
+    let mut ahead = std::collections::BTreeSet::new();
+    for r in bytes.chunks_exact(AHEAD_RECORD) {
+        let crc = u32::from_le_bytes(r[12..].try_into().expect("4 bytes"));
+        if crc32c::crc32c(&r[..12]) != crc {
+            break;
+        }
+        let slot = u64::from_le_bytes(r[..8].try_into().expect("8 bytes"));
+        let g = u32::from_le_bytes(r[8..12].try_into().expect("4 bytes"));
+        if g == generation && slot < slots {
+            ahead.insert(slot);
+        }
+    }
+    ahead
+}
+
 fn write_label(dir: &Path, label: &Label) -> std::io::Result<()> {
     use std::io::Write;
     let text = toml::to_string(label).map_err(std::io::Error::other)?;
@@ -330,10 +378,11 @@ impl Volume {
                     rebuilt: AtomicU64::new(lost.map_or(0, |g| g.rebuilt_slots)),
                     durable: AtomicU64::new(lost.map_or(0, |g| g.rebuilt_slots)),
                     losses: AtomicU64::new(0),
-                    ahead: Mutex::new(
-                        lost.map(|g| g.ahead.iter().copied().collect())
-                            .unwrap_or_default(),
-                    ),
+                    ahead: Mutex::new(match lost {
+                        Some(g) => read_ahead_log(dir, d, g.generation, layout.slots_per_device()),
+                        None => Default::default(),
+                    }),
+                    ahead_log: Mutex::new(None),
                 })
             })
             .collect::<Result<Vec<_>, VolumeError>>()?;
@@ -384,7 +433,7 @@ impl Volume {
             label.degraded.push(Degraded {
                 device: d as u32,
                 rebuilt_slots: 0,
-                ahead: Vec::new(),
+                generation: new_generation(),
             });
             changed = true;
         }
@@ -454,13 +503,9 @@ impl Volume {
             label.size_bytes / TRACK_BYTES as u64,
         )
         .slots_per_device();
-        if let Some(g) = label
-            .degraded
-            .iter()
-            .find(|g| g.rebuilt_slots > slots || g.ahead.iter().any(|&a| a >= slots))
-        {
+        if let Some(g) = label.degraded.iter().find(|g| g.rebuilt_slots > slots) {
             return Err(bad(format!(
-                "degraded device {} is rebuilt to slot {} (or ahead past it), past its {slots} slots",
+                "degraded device {} is rebuilt to slot {}, past its {slots} slots",
                 g.device, g.rebuilt_slots
             )));
         }
@@ -910,19 +955,37 @@ impl Inner {
         self.xor_of(stripe, rest, &mut buf).map_err(fault)?;
         self.write_slot(d, stripe, &buf).map_err(fault)?;
         self.on(d, |dev| dev.sync()).map_err(fault)?;
-        let mut label = self.label.lock();
+        let label = self.label.lock();
         if m.state.load(Ordering::Acquire) != REBUILDING {
             return Err(format!("device {d} was lost again"));
         }
-        let Some(g) = label.degraded.iter_mut().find(|g| g.device as usize == d) else {
+        let Some(g) = label.degraded.iter().find(|g| g.device as usize == d) else {
             return Err(format!("device {d} is not recorded degraded"));
         };
-        g.ahead.push(stripe);
-        if let Err(e) = write_label(&self.dir, &label) {
-            if let Some(g) = label.degraded.iter_mut().find(|g| g.device as usize == d) {
-                g.ahead.retain(|&a| a != stripe);
+        let mut record = [0u8; AHEAD_RECORD];
+        record[..8].copy_from_slice(&stripe.to_le_bytes());
+        record[8..12].copy_from_slice(&g.generation.to_le_bytes());
+        let crc = crc32c::crc32c(&record[..12]);
+        record[12..].copy_from_slice(&crc.to_le_bytes());
+        let mut log = m.ahead_log.lock();
+        let appended = (|| -> std::io::Result<()> {
+            use std::io::Write;
+            if log.is_none() {
+                *log = Some(
+                    std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(ahead_path(&self.dir, d))?,
+                );
             }
-            return Err(format!("recording it in the label: {e}"));
+            let f = log.as_mut().expect("opened above");
+            f.write_all(&record)?;
+            f.sync_data()
+        })();
+        if let Err(e) = appended {
+            // A partial record fails its check at the next open.
+            *log = None;
+            return Err(format!("recording it in the ahead log: {e}"));
         }
         m.ahead.lock().insert(stripe);
         Ok(())
@@ -941,7 +1004,7 @@ impl Inner {
             label.degraded.push(Degraded {
                 device: d as u32,
                 rebuilt_slots: 0,
-                ahead: Vec::new(),
+                generation: new_generation(),
             });
             label.degraded.sort_by_key(|g| g.device);
             if let Err(e) = write_label(&self.dir, &label) {
@@ -952,6 +1015,7 @@ impl Inner {
             m.losses.fetch_add(1, Ordering::AcqRel);
             m.state.store(LOST, Ordering::Release);
             m.ahead.lock().clear();
+            *m.ahead_log.lock() = None;
             m.rebuilt.store(0, Ordering::Release);
             m.durable.store(0, Ordering::Release);
         }
@@ -1106,7 +1170,6 @@ impl Inner {
                     label.degraded.retain(|g| g.device as usize != d);
                 } else if let Some(g) = label.degraded.iter_mut().find(|g| g.device as usize == d) {
                     g.rebuilt_slots = slot;
-                    g.ahead.retain(|&a| a >= slot);
                 }
                 if let Err(e) = write_label(&self.dir, &label) {
                     break Err(format!("recording the rebuild in the label: {e}"));
@@ -1115,6 +1178,9 @@ impl Inner {
                 m.ahead.lock().retain(|&a| a >= slot);
                 if slot == slots {
                     m.state.store(ONLINE, Ordering::Release);
+                    // Its records are of a finished loss's generation now.
+                    *m.ahead_log.lock() = None;
+                    let _ = std::fs::remove_file(ahead_path(&self.dir, d));
                     break Ok(());
                 }
                 if last_report.elapsed() >= Duration::from_secs(2) {
@@ -1573,7 +1639,12 @@ mod tests {
         write_retrying(&v, 400, &pattern(400, 2));
         assert!(v.inner.members[lost].rebuilt.load(Ordering::Acquire) < 200);
         let label = v.label();
-        assert_eq!(label.degraded[0].ahead, vec![200], "{label:?}");
+        let ahead = read_ahead_log(dir.path(), lost, label.degraded[0].generation, 300);
+        assert_eq!(
+            ahead.into_iter().collect::<Vec<_>>(),
+            vec![200],
+            "{label:?}"
+        );
         drop(v);
         // A crash in the middle of writing 400 again: its data on the
         // device, the parity not.
@@ -1597,6 +1668,41 @@ mod tests {
         assert!(v.label().degraded.is_empty());
     }
 
+    #[test]
+    fn the_ahead_log_keeps_this_losss_whole_records_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let rec = |slot: u64, g: u32| {
+            let mut r = [0u8; AHEAD_RECORD];
+            r[..8].copy_from_slice(&slot.to_le_bytes());
+            r[8..12].copy_from_slice(&g.to_le_bytes());
+            let crc = crc32c::crc32c(&r[..12]);
+            r[12..].copy_from_slice(&crc.to_le_bytes());
+            r
+        };
+        let mut bytes = Vec::new();
+        for (slot, g) in [(3, 5), (7, 4), (9, 5), (999, 5)] {
+            bytes.extend_from_slice(&rec(slot, g));
+        }
+        bytes.extend_from_slice(&rec(11, 5)[..10]); // torn
+        std::fs::write(ahead_path(dir.path(), 0), &bytes).unwrap();
+        let got: Vec<u64> = read_ahead_log(dir.path(), 0, 5, 100).into_iter().collect();
+        assert_eq!(
+            got,
+            vec![3, 9],
+            "other generations and slots past the end are ignored"
+        );
+        // A damaged record ends the log: what follows is not trusted.
+        let mut damaged = bytes.clone();
+        damaged[AHEAD_RECORD + 2] ^= 1;
+        std::fs::write(ahead_path(dir.path(), 0), &damaged).unwrap();
+        let got: Vec<u64> = read_ahead_log(dir.path(), 0, 5, 100).into_iter().collect();
+        assert_eq!(got, vec![3]);
+        assert!(
+            read_ahead_log(dir.path(), 1, 5, 100).is_empty(),
+            "no log, nothing ahead"
+        );
+    }
+
     /// A restart trusts a lost device's replacement only up to the prefix
     /// the label records: garbage past it is rebuilt, not served.
     #[test]
@@ -1615,7 +1721,7 @@ mod tests {
             label.degraded.push(Degraded {
                 device: 1,
                 rebuilt_slots: 1024,
-                ahead: Vec::new(),
+                generation: 1,
             });
             write_label(dir.path(), &label).unwrap();
             {
