@@ -59,6 +59,10 @@ pub enum Fault {
     /// The device (--device, default 0) reports a completion no submission
     /// waits for (rung 1: ignored and counted).
     UnsolicitedCompletion,
+    /// Lose backend device --device N: every I/O to it fails; a volume
+    /// with --raid mirror or parity serves around it and rebuilds a
+    /// replacement (rung 7); refused without redundancy.
+    LoseDevice,
     /// Roll the controller back to its last checkpoint now (rung 3; the
     /// server must run with --output-commit: held writes dropped, the
     /// open epoch's requests run again)
@@ -98,7 +102,7 @@ pub struct InjectArgs {
     /// Track (4 KiB unit of the volume) whose cache frame to damage (corrupt-frame).
     #[arg(long, value_name = "N")]
     track: Option<u64>,
-    /// Backend device number (unsolicited-completion) [default: 0].
+    /// Backend device number (unsolicited-completion [default: 0], lose-device).
     #[arg(long, value_name = "N")]
     device: Option<u32>,
     /// Probability per evaluation or dispatch [default: 1 at a point, 1e-4 for a group].
@@ -146,6 +150,10 @@ impl InjectArgs {
                 if let Some(d) = self.device {
                     line += &format!(" {d}");
                 }
+            }
+            Fault::LoseDevice => {
+                let d = self.device.map(|d| d.to_string());
+                line += &format!("lose-device {}", needs(&d, "--device N")?);
             }
             Fault::Rollback => line += "rollback",
             Fault::System => line += "system",

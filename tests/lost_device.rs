@@ -24,7 +24,18 @@ fn a_lost_device_is_served_around_and_rebuilt_losing_nothing() {
         let uri = server.uri();
         let target = ["-f", "raw", uri.as_str()];
         qemu_io(&target, &["write -P 0x41 0 32M".into(), "flush".into()]);
-        let answer = server.admin("inject lose-device 1").unwrap();
+        // Through the command line, as an operator would.
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_rebound"))
+            .args(["inject", "lose-device", "--device", "1", "--admin"])
+            .arg(server.admin_path())
+            .output()
+            .unwrap();
+        let answer = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{answer}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         assert!(answer.contains("device 1 lost"), "{answer}");
         // Degraded (then rebuilding) reads and writes.
         qemu_io(
@@ -137,6 +148,14 @@ fn losing_a_device_without_redundancy_or_out_of_range_is_refused_and_serving_goe
         let e = server2.admin(bad).unwrap_err();
         assert!(e.contains("device"), "{bad}: {e}");
     }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rebound"))
+        .args(["inject", "lose-device", "--admin"])
+        .arg(server2.admin_path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--device N"), "{err}");
     for s in [&server, &server2] {
         let uri = s.uri();
         qemu_io(
