@@ -114,3 +114,14 @@ impl ServerProc {
         let _ = self.child.wait();
     }
 }
+
+impl Drop for ServerProc {
+    /// An experiment that fails half-way (`?`) must not leave its server
+    /// running: killed and reaped unless already stopped.
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
