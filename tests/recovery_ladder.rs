@@ -215,6 +215,46 @@ fn raw_reply_ok(c: &mut Raw, cookie: u64, data_len: usize) -> Vec<u8> {
     data
 }
 
+/// A FLUSH waiting for its destage (here: the device queue refusing it
+/// 200 times, so it backs off for about a second) holds no worker: with a
+/// single worker, a read on another connection is answered meanwhile.
+#[test]
+fn a_flush_waiting_for_its_destage_holds_no_worker() {
+    let server = Server::start("16M", &["--workers", "1"]);
+    let mut w = Raw::go(&server.addr);
+    raw_write(&mut w, 1, 0, 0x5a, 4096);
+    raw_reply_ok(&mut w, 1, 0);
+    server
+        .admin("inject fail device.queue-full count=200")
+        .unwrap();
+    raw_write(&mut w, 2, 8192, 0x5b, 4096);
+    raw_reply_ok(&mut w, 2, 0);
+    let started = Instant::now();
+    let addr = server.addr.clone();
+    let flusher = std::thread::spawn(move || {
+        let mut f = Raw::go(&addr);
+        f.request(raw::CMD_FLUSH, 0, 3, 0, 0);
+        raw_reply_ok(&mut f, 3, 0);
+        started.elapsed()
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    let mut r = Raw::go(&server.addr);
+    r.request(raw::CMD_READ, 0, 4, 0, 4096);
+    let data = raw_reply_ok(&mut r, 4, 4096);
+    let read_done = started.elapsed();
+    assert!(data.iter().all(|&b| b == 0x5a));
+    let flush_done = flusher.join().unwrap();
+    assert!(
+        flush_done >= Duration::from_millis(200),
+        "the FLUSH did not have to wait ({flush_done:?}): the test proves nothing"
+    );
+    assert!(
+        read_done < flush_done,
+        "the read ({read_done:?}) waited for the FLUSH ({flush_done:?})"
+    );
+    server.admin("inject clear").unwrap();
+}
+
 #[test]
 fn a_write_failing_inside_cache_apply_is_rolled_back_alone_through_log_lock_at_rung_1() {
     let server = Server::start("16M", &[]);

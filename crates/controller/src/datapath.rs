@@ -103,6 +103,11 @@ pub(crate) struct Request {
     reserve_on_resume: u32,
     /// Back-offs on a full device queue so far.
     queue_waits: u32,
+    /// FUA and FLUSH: tracks still to make durable, back-offs so far, and
+    /// when to give up (each try is a task of its own; see [`durable`]).
+    durable_left: Option<Vec<u64>>,
+    durable_waits: u32,
+    durable_deadline: Option<Instant>,
     /// A write that failed inside `cache.apply` was rolled back out of the
     /// directory (Log(Lock)): redriving it from `nvs.write` is safe.
     rolled_back: bool,
@@ -185,6 +190,9 @@ impl Request {
             escalated: false,
             reserve_on_resume: 0,
             queue_waits: 0,
+            durable_left: None,
+            durable_waits: 0,
+            durable_deadline: None,
             rolled_back: false,
             note: None,
             block: None,
@@ -273,6 +281,9 @@ impl Request {
             escalated: self.escalated,
             reserve_on_resume: 0,
             queue_waits: 0,
+            durable_left: None,
+            durable_waits: 0,
+            durable_deadline: None,
             rolled_back: false,
             note: None,
             block: self.block.take(),
@@ -1078,35 +1089,114 @@ fn recover_apply(
 }
 
 /// device: make a FUA write durable before its reply.
-fn fua(_ctx: &mut TaskCtx<'_>, req: Box<Request>) -> Result<(), Failure> {
+fn fua(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failure> {
     let ctl = Arc::clone(req.ctl());
-    let result = match ctl.config.flush {
+    match ctl.config.flush {
         FlushPolicy::Devices => {
             let first = req.first_track();
-            (first..first + req.tracks())
-                .try_for_each(|t| crate::destage::force(&ctl, t))
-                .and_then(|()| ctl.volume.sync())
+            let tracks = req
+                .durable_left
+                .take()
+                .unwrap_or_else(|| (first..first + req.tracks()).collect());
+            durable(
+                ctx,
+                &ctl,
+                req,
+                tracks,
+                stage!(ctl.groups.device, Priority::High, fua, "device.fua"),
+            );
         }
-        FlushPolicy::Nvs => ctl.nvs.sync().map_err(std::io::Error::other),
-    };
-    finish_io(*req, result);
+        FlushPolicy::Nvs => finish_io(*req, ctl.nvs.sync().map_err(std::io::Error::other)),
+    }
     Ok(())
 }
 
-/// device: FLUSH.
-fn flush(_ctx: &mut TaskCtx<'_>, req: Box<Request>) -> Result<(), Failure> {
-    let result = req.ctl().flush_all();
-    if result
-        .as_ref()
-        .is_err_and(|e| e.kind() == std::io::ErrorKind::Interrupted)
-    {
-        // Rung 4 is quiescing: park; the FLUSH runs again after it.
-        let ctl = Arc::clone(req.ctl());
-        ctl.system.park(req);
-        return Ok(());
-    }
-    finish_io(*req, result);
+/// device: FLUSH: every track dirty when it arrived is destaged, then the
+/// devices (or the NVS) synced.
+fn flush(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failure> {
+    let ctl = Arc::clone(req.ctl());
+    let tracks = req
+        .durable_left
+        .take()
+        .unwrap_or_else(|| ctl.cache.dirty_snapshot());
+    durable(
+        ctx,
+        &ctl,
+        req,
+        tracks,
+        stage!(ctl.groups.device, Priority::Medium, flush, "device.flush"),
+    );
     Ok(())
+}
+
+/// One round of making `tracks` durable for a FUA or FLUSH: destage each
+/// that can be now; if any must wait (a destage of it in flight, a full
+/// device queue, a degraded volume holding it), run `again` after a
+/// back-off instead of waiting on the worker, so a long wait holds no
+/// worker and a system recovery finds the request parked at its next
+/// stage entry. Then sync; past [`crate::destage::FORCE_WAIT`], `EIO`.
+fn durable(
+    ctx: &mut TaskCtx<'_>,
+    ctl: &Arc<Controller>,
+    mut req: Box<Request>,
+    tracks: Vec<u64>,
+    again: StageRef,
+) {
+    use crate::destage::{FORCE_WAIT, Forced, try_force};
+    let deadline = *req
+        .durable_deadline
+        .get_or_insert_with(|| Instant::now() + FORCE_WAIT);
+    let mut left = Vec::new();
+    let mut backed_off = None;
+    for track in tracks {
+        match try_force(ctl, track) {
+            Ok(Forced::Done) => {}
+            Ok(Forced::InFlight) => left.push(track),
+            Ok(Forced::BackedOff(e)) => {
+                backed_off.get_or_insert((track, e));
+                left.push(track);
+            }
+            Err(e) => {
+                finish_io(*req, Err(e));
+                return;
+            }
+        }
+    }
+    if left.is_empty() {
+        let synced = match ctl.config.flush {
+            FlushPolicy::Devices => ctl.volume.sync(),
+            FlushPolicy::Nvs => ctl.nvs.sync().map_err(std::io::Error::other),
+        };
+        finish_io(*req, synced);
+        return;
+    }
+    if Instant::now() >= deadline {
+        finish_io(
+            *req,
+            Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "{} tracks (track {} first) stayed dirty for {FORCE_WAIT:?}",
+                    left.len(),
+                    left[0]
+                ),
+            )),
+        );
+        return;
+    }
+    let wait = crate::devqueue::backoff(req.durable_waits);
+    if let (Some((track, e)), 0) = (backed_off, req.durable_waits) {
+        // Rung 1, once per request: the I/O backs off.
+        ctl.recoveries.record(
+            Rung::Task,
+            format!("{e}: forced destage of track {track} backed off"),
+            wait,
+            1,
+        );
+    }
+    req.durable_waits += 1;
+    req.durable_left = Some(left);
+    continue_after(ctx, ctl, wait, req, again);
 }
 
 /// device: TRIM and WRITE_ZEROES (both leave the range reading as zeroes).

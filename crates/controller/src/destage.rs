@@ -32,7 +32,37 @@ use crate::recovery::Rung;
 /// Period of the destage tick.
 pub const TICK: Duration = Duration::from_millis(100);
 /// How long a forced destage waits for another destage of the same track.
-const FORCE_WAIT: Duration = Duration::from_secs(30);
+pub(crate) const FORCE_WAIT: Duration = Duration::from_secs(30);
+
+/// One attempt of a forced destage ([`try_force`]).
+#[derive(Debug)]
+pub(crate) enum Forced {
+    /// The track's records up to now are on the device (or it was clean).
+    Done,
+    /// Another destage of the track is in flight: try again shortly.
+    InFlight,
+    /// The device queue was full, or a degraded volume holds the write
+    /// until its stripe is rebuilt: try again after a back-off.
+    BackedOff(std::io::Error),
+}
+
+/// One attempt to destage `track` now, without waiting.
+pub(crate) fn try_force(ctl: &Controller, track: u64) -> std::io::Result<Forced> {
+    match one(ctl, track) {
+        Ok(true) => Ok(Forced::Done),
+        Ok(false) if !ctl.cache.is_dirty(track) => Ok(Forced::Done),
+        Ok(false) => Ok(Forced::InFlight),
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::ResourceBusy
+            ) =>
+        {
+            Ok(Forced::BackedOff(e))
+        }
+        Err(e) => Err(e),
+    }
+}
 
 /// Tracks waiting for destage.
 #[derive(Debug, Default)]
@@ -263,15 +293,10 @@ pub(crate) fn force(ctl: &Controller, track: u64) -> std::io::Result<()> {
     let deadline = Instant::now() + FORCE_WAIT;
     let mut waits = 0;
     loop {
-        match one(ctl, track) {
-            Ok(true) => return Ok(()),
-            Ok(false) => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::ResourceBusy
-                ) =>
-            {
+        match try_force(ctl, track)? {
+            Forced::Done => return Ok(()),
+            Forced::InFlight => {}
+            Forced::BackedOff(e) => {
                 // Rung 1: the device queue is full (or a degraded volume
                 // holds the write until its stripe is rebuilt); back off
                 // and retry.
@@ -291,10 +316,6 @@ pub(crate) fn force(ctl: &Controller, track: u64) -> std::io::Result<()> {
                 std::thread::sleep(wait);
                 continue;
             }
-            Err(e) => return Err(e),
-        }
-        if !ctl.cache.is_dirty(track) {
-            return Ok(());
         }
         if ctl.system.is_quiescing() {
             // A recovery waits for this stage to leave; it parks and runs
