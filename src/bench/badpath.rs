@@ -32,6 +32,21 @@ pub struct BadPathArgs {
     /// Seconds of fio per cell and round [default: 15, or 3 with --quick].
     #[arg(long)]
     runtime: Option<u32>,
+    /// rcs workers of the server; 0: one per core (the paper's runs used 4
+    /// and 8) [default: 0].
+    #[arg(long, default_value_t = 0)]
+    workers: usize,
+    /// fio jobs, one NBD connection each, QD32 apiece (more cores need
+    /// more load to stay busy) [default: 1].
+    #[arg(long, default_value_t = 1)]
+    connections: u32,
+}
+
+/// The load and server shape of one run.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    workers: usize,
+    connections: u32,
 }
 
 const POLICIES: [&str; 2] = ["performance", "dynamic"];
@@ -48,6 +63,7 @@ fn one(
     policy: &str,
     bad: bool,
     runtime: u32,
+    shape: Shape,
     work: &Path,
     port: u16,
 ) -> anyhow::Result<(f64, f64)> {
@@ -74,6 +90,7 @@ fn one(
             "256M",
         ])
         .args(["--policy", policy])
+        .args(["--workers", &shape.workers.to_string()])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -84,7 +101,8 @@ fn one(
         controller::admin::request(&admin, "inject group-fault cache rate=0.0001 duration=20ms")
             .map_err(anyhow::Error::msg)?;
     }
-    let result = fio_run(port, runtime);
+    let result = super::fio::fio(port, "cache-standard", runtime, (32, shape.connections))
+        .map(|r| (r.iops, r.mean_us));
     // SAFETY: kill(2) on our own child's pid; no memory involved.
     unsafe {
         libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
@@ -108,6 +126,19 @@ pub fn run(args: BadPathArgs) -> anyhow::Result<std::process::ExitCode> {
         (1..=3600).contains(&runtime),
         "--runtime must be within 1..=3600"
     );
+    anyhow::ensure!(
+        args.workers <= controller::limits::WORKERS_MAX,
+        "--workers must be within 0..={}",
+        controller::limits::WORKERS_MAX
+    );
+    anyhow::ensure!(
+        (1..=64).contains(&args.connections),
+        "--connections must be within 1..=64"
+    );
+    let shape = Shape {
+        workers: args.workers,
+        connections: args.connections,
+    };
     let work = super::server::scratch_dir()?;
     let port = super::server::free_port()?;
     // cells[policy][path] = samples
@@ -117,7 +148,7 @@ pub fn run(args: BadPathArgs) -> anyhow::Result<std::process::ExitCode> {
         for (p, policy) in POLICIES.iter().enumerate() {
             for (b, path) in PATHS.iter().enumerate() {
                 bar.set_message(format!("{policy}, {path} path"));
-                let (iops, lat) = one(policy, b == 1, runtime, work.path(), port)?;
+                let (iops, lat) = one(policy, b == 1, runtime, shape, work.path(), port)?;
                 cells[p][b].0.push(iops);
                 cells[p][b].1.push(lat);
                 bar.inc(1);
@@ -167,7 +198,14 @@ pub fn run(args: BadPathArgs) -> anyhow::Result<std::process::ExitCode> {
         if lat >= 0.20 { "met" } else { "missed" },
     );
     println!(
-        "({rounds} round(s) of {runtime} s per cell, median; paper: +16.3% throughput, -22.9% mean latency)"
+        "({rounds} round(s) of {runtime} s per cell, median; server workers {}, {} fio connection(s) at QD32; {} cores here; paper: +16.3% throughput, -22.9% mean latency, on 4- and 8-way machines)",
+        if shape.workers == 0 {
+            "one per core".to_owned()
+        } else {
+            shape.workers.to_string()
+        },
+        shape.connections,
+        std::thread::available_parallelism().map_or(1, |n| n.get())
     );
     if !quick {
         let png = args.common.out.join("badpath.png");
