@@ -1129,24 +1129,35 @@ fn flush(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Tracks one round of a FUA or FLUSH destages before it yields its worker.
+const DURABLE_ROUND_TRACKS: usize = 256;
+
 /// One round of making `tracks` durable for a FUA or FLUSH: destage each
-/// that can be now; if any must wait (a destage of it in flight, a full
-/// device queue, a degraded volume holding it), run `again` after a
-/// back-off instead of waiting on the worker, so a long wait holds no
+/// of the first [`DURABLE_ROUND_TRACKS`] that can be now; if more remain,
+/// run `again` at once (a FLUSH of many dirty tracks does not hold a
+/// worker for all of them); if some must wait (a destage of it in flight,
+/// a full device queue, a degraded volume holding it), run `again` after
+/// a back-off instead of waiting on the worker, so a long wait holds no
 /// worker and a system recovery finds the request parked at its next
 /// stage entry. Then sync; past [`crate::destage::FORCE_WAIT`], `EIO`.
 fn durable(
     ctx: &mut TaskCtx<'_>,
     ctl: &Arc<Controller>,
     mut req: Box<Request>,
-    tracks: Vec<u64>,
+    mut tracks: Vec<u64>,
     again: StageRef,
 ) {
     use crate::destage::{FORCE_WAIT, Forced, try_force};
     let deadline = *req
         .durable_deadline
         .get_or_insert_with(|| Instant::now() + FORCE_WAIT);
-    let mut left = Vec::new();
+    // Not tried this round: first in the next one.
+    let mut left = if tracks.len() > DURABLE_ROUND_TRACKS {
+        tracks.split_off(DURABLE_ROUND_TRACKS)
+    } else {
+        Vec::new()
+    };
+    let untried = !left.is_empty();
     let mut backed_off = None;
     for track in tracks {
         match try_force(ctl, track) {
@@ -1182,6 +1193,11 @@ fn durable(
                 ),
             )),
         );
+        return;
+    }
+    if untried && backed_off.is_none() {
+        req.durable_left = Some(left);
+        continue_after(ctx, ctl, std::time::Duration::ZERO, req, again);
         return;
     }
     let wait = crate::devqueue::backoff(req.durable_waits);
