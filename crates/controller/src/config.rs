@@ -258,8 +258,8 @@ pub struct Config {
     /// checks): the watchdog recovers its group (rung 2), which cannot drain
     /// and escalates to rung 4; if rung 4 cannot quiesce either, the process
     /// aborts and rung 5 restarts it. Zero (the default): off, because some
-    /// steps legitimately run long in one task (a FLUSH round destaging
-    /// many dirty tracks, a TRIM waiting for a held destage).
+    /// steps legitimately run long in one task (a TRIM waiting for a held
+    /// destage, a zeroed range's edge waiting for a replacement device).
     #[serde(deserialize_with = "de_duration")]
     pub hung_after: Duration,
     /// Prometheus endpoint (`http://ADDR/metrics`), if any.
