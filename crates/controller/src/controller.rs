@@ -599,6 +599,12 @@ impl Controller {
     /// FLUSH, and of a clean shutdown).
     pub fn flush_all(&self) -> std::io::Result<()> {
         crate::destage::destage_all(self)?;
+        self.sync_durable()
+    }
+
+    /// Make what is destaged durable where `--flush` says: `fdatasync`
+    /// the devices, or `msync` the NVS (the end of every FLUSH).
+    pub(crate) fn sync_durable(&self) -> std::io::Result<()> {
         match self.config.flush {
             FlushPolicy::Devices => self.volume.sync(),
             FlushPolicy::Nvs => self.nvs.sync().map_err(std::io::Error::other),

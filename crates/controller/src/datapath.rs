@@ -1174,11 +1174,7 @@ fn durable(
         }
     }
     if left.is_empty() {
-        let synced = match ctl.config.flush {
-            FlushPolicy::Devices => ctl.volume.sync(),
-            FlushPolicy::Nvs => ctl.nvs.sync().map_err(std::io::Error::other),
-        };
-        finish_io(*req, synced);
+        finish_io(*req, ctl.sync_durable());
         return;
     }
     if Instant::now() >= deadline {
