@@ -114,7 +114,15 @@ impl Timer {
 
     /// Stop the thread; pending jobs run at once.
     pub fn stop(&self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
+        {
+            // Under the lock: the thread checks the flag and goes to wait
+            // while holding it, so it either sees the flag or is waiting
+            // when the notification comes (set without the lock, the
+            // notification could fall between its check and its wait, and
+            // `join` would wait for ever).
+            let _state = self.shared.state.lock();
+            self.shared.stop.store(true, Ordering::SeqCst);
+        }
         self.shared.wake.notify_all();
         if let Some(t) = self.thread.lock().take() {
             let _ = t.join();
@@ -177,6 +185,32 @@ mod tests {
         assert_eq!(got.iter().map(|g| g.0).collect::<Vec<_>>(), ["a", "b", "c"]);
         assert!(got[0].1 >= Duration::from_millis(10));
         assert!(got[2].1 >= Duration::from_millis(50));
+    }
+
+    #[test]
+    fn stop_never_misses_a_timer_thread_about_to_wait() {
+        // Stop racing the thread's first check of the flag, many times;
+        // each stop must return (a lost wake-up made join wait for ever).
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for i in 0..3000u64 {
+                let timer = Timer::start("test-timer").unwrap();
+                // A job due about now, and a stop a few microseconds later:
+                // the thread is often between running the job and waiting
+                // again when the stop comes.
+                timer.after(Duration::from_micros(i % 40 + 1), || {});
+                let until = Instant::now() + Duration::from_micros(i % 60);
+                while Instant::now() < until {
+                    std::hint::spin_loop();
+                }
+                timer.stop();
+            }
+            tx.send(()).unwrap();
+        });
+        assert!(
+            rx.recv_timeout(Duration::from_secs(20)).is_ok(),
+            "a Timer::stop never returned"
+        );
     }
 
     #[test]
