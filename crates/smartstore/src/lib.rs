@@ -17,6 +17,7 @@
 //! | a node's stored partition (row-wise across nodes, column by column inside one) | [`columnar`], [`object`] |
 //! | query plan distributed to the nodes (2.3) | [`plan::Fragment`] |
 //! | primitives Scan, Sort, AggGrpSort bundle (2.3, 4.2) | [`plan::Primitive`], [`ops`] |
+//! | Sort on few-valued (dictionary) keys, by normalized key | [`ranksort`] |
 //! | checkpoint per primitive (4.2) | [`host::Cluster::checkpoint_all`], [`host::Cluster::run_query_with`] |
 //! | HP C2490A disk, MEMS G1 to G3 (5.2, Table 1) | [`devmodel`] |
 //! | Scan and TPC-H Q1 workloads (4) | [`tpch`] |
@@ -34,6 +35,7 @@ pub mod node;
 pub mod object;
 pub mod ops;
 pub mod plan;
+pub mod ranksort;
 pub mod recovery;
 pub use redundancy;
 pub mod tpch;

@@ -16,6 +16,7 @@ use datafusion::scalar::ScalarValue;
 
 use crate::error::{Error, Result};
 use crate::plan::{AggFunc, Cmp, Primitive, Value};
+use crate::ranksort;
 
 /// Sorts whose input is smaller than this concatenate and sort once
 /// instead of sorting each batch and merging. A node's input is in memory
@@ -25,11 +26,14 @@ use crate::plan::{AggFunc, Cmp, Primitive, Value};
 /// would send a stored object's sort down the merge path, ~3x slower.
 pub const SORT_IN_PLACE_BYTES: usize = usize::MAX;
 
+/// Rows per output batch of a primitive.
+pub const BATCH_ROWS: usize = 16 * 1024;
+
 /// A DataFusion context for one embedded processor.
 pub fn context() -> SessionContext {
     let config = SessionConfig::new()
         .with_target_partitions(1)
-        .with_batch_size(16 * 1024)
+        .with_batch_size(BATCH_ROWS)
         .set_usize(
             "datafusion.execution.sort_in_place_threshold_bytes",
             SORT_IN_PLACE_BYTES,
@@ -53,6 +57,21 @@ pub async fn run(
     schema: SchemaRef,
     batches: Vec<RecordBatch>,
 ) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+    if let Primitive::Sort { keys } = primitive {
+        let by_index = keys
+            .iter()
+            .map(|k| {
+                column(&k.column, &schema)?;
+                Ok(ranksort::Key {
+                    column: schema.index_of(&k.column)?,
+                    descending: k.descending,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if let Some(sorted) = ranksort::sort(&schema, &batches, &by_index, BATCH_ROWS)? {
+            return Ok((schema, sorted));
+        }
+    }
     let ctx = context();
     let df = frame(&ctx, schema.clone(), batches)?;
     let df = match primitive {
