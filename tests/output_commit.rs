@@ -477,3 +477,101 @@ fn a_rollback_whose_checkpoint_the_nvs_contradicts_falls_back_to_rung_4() {
     reply_ok(&mut c, 60, 0);
     assert!(read_track(&mut c, 61, 3).iter().all(|&b| b == 0x33));
 }
+
+/// A TRIM whose range holds a destage write waiting for its epoch's commit
+/// waits for that commit without holding a worker: with a single worker,
+/// a write on another connection is taken (its reply enters the gate)
+/// before the commit, and the TRIM still zeroes the track after it.
+#[test]
+fn a_trim_waiting_for_a_held_destage_holds_no_worker() {
+    let server = Server::start(
+        "16M",
+        &[
+            "--workers",
+            "1",
+            "--output-commit",
+            "buffering",
+            "--checkpoint-interval",
+            "1s",
+            "--commit-when-idle",
+            "false",
+        ],
+    );
+    let status = || server.admin("status").unwrap();
+    let commits = |s: &str| status_field(s, "held; ", " commits");
+    let replies = |s: &str| status_field(s, "; ", " replies");
+    let mut c = Raw::go(&server.addr);
+    let mut t = Raw::go(&server.addr);
+    let mut r = Raw::go(&server.addr);
+    // Align with a commit: a whole interval lies ahead.
+    write(&mut c, 1, 0, 0x01);
+    reply_ok(&mut c, 1, 0);
+    let epoch = commits(&status());
+    write(&mut c, 2, 5, 0x05);
+    // Its destage write reaches the device layer and is held there.
+    let deadline = Instant::now() + Duration::from_millis(400);
+    loop {
+        let s = status();
+        assert_eq!(
+            commits(&s),
+            epoch,
+            "the epoch ended before the test could run: {s}"
+        );
+        if status_field(&s, " replies and ", " device writes") >= 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no destage write was held: {s}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let started = Instant::now();
+    t.request(raw::CMD_TRIM, 0, 3, 5 * TRACK, TRACK as u32);
+    std::thread::sleep(Duration::from_millis(30));
+    write(&mut r, 4, 9, 0x09);
+    // The worker takes the write while the TRIM waits: two replies (the
+    // writes') in the gate, in the same epoch.
+    let deadline = Instant::now() + Duration::from_millis(300);
+    loop {
+        let s = status();
+        assert_eq!(
+            commits(&s),
+            epoch,
+            "the write on another connection was not taken before the commit: the TRIM held the only worker ({s})"
+        );
+        if replies(&s) >= 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the write was not taken: the TRIM holds the only worker ({s})"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    reply_ok(&mut c, 2, 0);
+    reply_ok(&mut r, 4, 0);
+    reply_ok(&mut t, 3, 0);
+    let trimmed = started.elapsed();
+    assert!(
+        trimmed >= Duration::from_millis(200),
+        "the TRIM was answered after {trimmed:?}: it did not wait for the held write"
+    );
+    c.request(raw::CMD_READ, 0, 5, 5 * TRACK, TRACK as u32);
+    assert!(
+        reply_ok(&mut c, 5, TRACK as usize).iter().all(|&b| b == 0),
+        "track 5 trimmed"
+    );
+    c.request(raw::CMD_READ, 0, 6, 9 * TRACK, TRACK as u32);
+    assert!(
+        reply_ok(&mut c, 6, TRACK as usize)
+            .iter()
+            .all(|&b| b == 0x09)
+    );
+    // The held write reached the device before the zeroing, not after
+    // it: the device holds zeroes.
+    c.request(raw::CMD_FLUSH, 0, 7, 0, 0);
+    reply_ok(&mut c, 7, 0);
+    assert!(
+        device_track(&server, 5).iter().all(|&b| b == 0),
+        "the held destage write landed after the zeroing"
+    );
+    assert_eq!(device_track(&server, 9), vec![0x09; TRACK as usize]);
+}

@@ -299,10 +299,22 @@ pub struct ApplyUndo {
     retired: Option<u32>,
 }
 
+/// A range fenced against destage while it is zeroed (TRIM, WRITE_ZEROES).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ZeroFence {
+    first: u64,
+    end: u64,
+    /// Names this fence; a rung 3 or 4 rebuild drops every fence, so the
+    /// request that set it asks by name whether it still holds it.
+    id: u64,
+}
+
 /// The cache.
 pub struct Cache {
     shards: Box<[CachePadded<ShardLock>]>,
-    zeroing: RwLock<Vec<(u64, u64)>>,
+    zeroing: RwLock<Vec<ZeroFence>>,
+    /// The next [`ZeroFence::id`].
+    next_fence: std::sync::atomic::AtomicU64,
     stats: CacheStats,
     frames: usize,
     journal: Option<Arc<dyn DirtyJournal>>,
@@ -368,6 +380,7 @@ impl Cache {
         Self {
             shards,
             zeroing: RwLock::new(Vec::new()),
+            next_fence: std::sync::atomic::AtomicU64::new(1),
             stats: CacheStats::default(),
             frames: per_shard * CACHE_SHARDS,
             journal,
@@ -629,7 +642,7 @@ impl Cache {
             .zeroing
             .read()
             .iter()
-            .any(|&(first, end)| (first..end).contains(&track))
+            .any(|f| (f.first..f.end).contains(&track))
         {
             return None;
         }
@@ -776,9 +789,24 @@ impl Cache {
         shard.dirty += 1;
     }
 
-    /// Fence destage out of tracks `[first, end)` (zeroing starts).
-    pub fn begin_zeroing(&self, first: u64, end: u64) {
-        self.zeroing.write().push((first, end));
+    /// Fence destage out of tracks `[first, end)` (zeroing starts);
+    /// returns the fence's name for [`Cache::end_zeroing`].
+    pub fn begin_zeroing(&self, first: u64, end: u64) -> u64 {
+        let id = self
+            .next_fence
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.zeroing.write().push(ZeroFence { first, end, id });
+        id
+    }
+
+    /// Whether fence `id` still stands (a rung 3 or 4 rebuild drops them).
+    pub fn holds_zeroing(&self, id: u64) -> bool {
+        self.zeroing.read().iter().any(|f| f.id == id)
+    }
+
+    /// Lift fence `id` without zeroing anything (a zeroing abandoned).
+    pub fn lift_zeroing(&self, id: u64) {
+        self.zeroing.write().retain(|f| f.id != id);
     }
 
     /// Whether a destage of a track in `[first, end)` is in flight.
@@ -792,10 +820,10 @@ impl Cache {
     }
 
     /// Zeroing of `[first, end)` done on the devices: forget dirty records
-    /// older than `seq` and cached copies in the range, lift the fence.
+    /// older than `seq` and cached copies in the range, lift fence `id`.
     /// Returns their slots, invalidated already: give them back with
     /// [`Nvs::release`].
-    pub fn end_zeroing(&self, nvs: &Nvs, first: u64, end: u64, seq: u64) -> Vec<u32> {
+    pub fn end_zeroing(&self, nvs: &Nvs, first: u64, end: u64, seq: u64, id: u64) -> Vec<u32> {
         let mut free = Vec::new();
         self.for_range_shards(first, end, Use::Write, |shard| {
             shard.epoch += 1;
@@ -832,10 +860,7 @@ impl Cache {
             }
             false
         });
-        let mut ranges = self.zeroing.write();
-        if let Some(i) = ranges.iter().position(|&r| r == (first, end)) {
-            ranges.swap_remove(i);
-        }
+        self.lift_zeroing(id);
         free
     }
 
@@ -1275,15 +1300,20 @@ mod tests {
         let (_d, nvs) = nvs();
         let cache = Cache::new(256, None);
         let (old, _) = write(&cache, &nvs, 20, 1);
-        cache.begin_zeroing(16, 32);
+        let fence = cache.begin_zeroing(16, 32);
+        let other = cache.begin_zeroing(16, 32);
         assert!(
             cache.begin_destage(20).is_none(),
             "no destage inside a zeroing range"
         );
+        cache.lift_zeroing(other);
+        assert!(!cache.holds_zeroing(other));
+        assert!(cache.holds_zeroing(fence), "fences are lifted by name");
+        assert!(cache.begin_destage(20).is_none(), "still fenced");
         let zero_seq = nvs.next_seqs(1);
         let (newer, _) = write(&cache, &nvs, 21, 2);
         assert!(newer.seq > zero_seq);
-        let freed = cache.end_zeroing(&nvs, 16, 32, zero_seq);
+        let freed = cache.end_zeroing(&nvs, 16, 32, zero_seq, fence);
         assert_eq!(freed, vec![old.slot]);
         assert!(!cache.is_dirty(20));
         assert!(
@@ -1291,5 +1321,6 @@ mod tests {
             "a write newer than the zeroing survives it"
         );
         assert!(cache.begin_destage(21).is_some(), "fence lifted");
+        assert!(!cache.holds_zeroing(fence));
     }
 }

@@ -103,11 +103,19 @@ pub(crate) struct Request {
     reserve_on_resume: u32,
     /// Back-offs on a full device queue so far.
     queue_waits: u32,
-    /// FUA and FLUSH: tracks still to make durable, back-offs so far, and
-    /// when to give up (each try is a task of its own; see [`durable`]).
+    /// FUA and FLUSH: tracks still to make durable; with TRIM and
+    /// WRITE_ZEROES, back-offs so far and when to give up (each try is a
+    /// task of its own; see [`durable`] and [`zero`]).
     durable_left: Option<Vec<u64>>,
     durable_waits: u32,
     durable_deadline: Option<Instant>,
+    /// TRIM and WRITE_ZEROES: the destage fence this request set on its
+    /// range and the sequence number its zeroing supersedes below. Lifted
+    /// by the request's clean-up block if the request ends without
+    /// finishing the zeroing (a redrive sets a new one).
+    zero_fence: Option<(u64, u64)>,
+    /// The zeroing's wait for a degraded volume is in the recovery log.
+    zero_held_recorded: bool,
     /// A write that failed inside `cache.apply` was rolled back out of the
     /// directory (Log(Lock)): redriving it from `nvs.write` is safe.
     rolled_back: bool,
@@ -193,6 +201,8 @@ impl Request {
             durable_left: None,
             durable_waits: 0,
             durable_deadline: None,
+            zero_fence: None,
+            zero_held_recorded: false,
             rolled_back: false,
             note: None,
             block: None,
@@ -284,6 +294,8 @@ impl Request {
             durable_left: None,
             durable_waits: 0,
             durable_deadline: None,
+            zero_fence: None,
+            zero_held_recorded: false,
             rolled_back: false,
             note: None,
             block: self.block.take(),
@@ -542,6 +554,11 @@ impl Request {
 
 impl Drop for Request {
     fn drop(&mut self) {
+        if let Some((fence, _)) = self.zero_fence.take() {
+            // A zeroing left unfinished: destage may go on in its range
+            // (what it destages is what reads have been returning).
+            self.ctl().cache.lift_zeroing(fence);
+        }
         if !self.replied {
             self.replied = true;
             // The clean-up block of a request whose task did not finish.
@@ -1211,41 +1228,73 @@ fn durable(
     continue_after(ctx, ctl, wait, req, again);
 }
 
+/// Longest a TRIM or WRITE_ZEROES waits for its range (a held destage
+/// write in it, an edge track whose stripe waits for a replacement device)
+/// before it answers `EIO` (as long as a FLUSH waits for a destage).
+const ZERO_WAIT: std::time::Duration = crate::destage::FORCE_WAIT;
+
 /// device: TRIM and WRITE_ZEROES (both leave the range reading as zeroes).
-fn zero(_ctx: &mut TaskCtx<'_>, req: Box<Request>) -> Result<(), Failure> {
+///
+/// The range is fenced against destage first. Whatever it must wait for
+/// (under output commit, a destage write in the range held until its
+/// epoch commits, which would undo the zeroing if it landed after it; on a
+/// degraded volume, an edge track whose stripe waits for a replacement)
+/// it waits for as FLUSH does: the stage runs again after a back-off,
+/// holding no worker in between, keeping its fence, up to [`ZERO_WAIT`].
+fn zero(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failure> {
     let ctl = Arc::clone(req.ctl());
+    let again = stage!(ctl.groups.device, Priority::Medium, zero, "device.zero");
     let (first, end) = (req.first_track(), req.first_track() + req.tracks());
     let keep = req.header.kind == cmd::WRITE_ZEROES && req.header.flags & cflags::NO_HOLE != 0;
-    let seq = ctl.nvs.next_seqs(1);
-    ctl.cache.begin_zeroing(first, end);
-    // Under output commit a held destage write ends at its epoch's commit:
-    // wait for it (a held write landing after the zeroing would undo it).
-    while ctl.cache.destaging_in(first, end) {
-        if ctl.system.is_quiescing() {
-            ctl.cache.end_zeroing(&ctl.nvs, first, end, 0);
-            ctl.system.park(req);
+    let deadline = *req
+        .durable_deadline
+        .get_or_insert_with(|| Instant::now() + ZERO_WAIT);
+    let (fence, seq) = match req.zero_fence {
+        // A rung 3 or 4 rebuild since the last try dropped every fence.
+        Some((fence, seq)) if ctl.cache.holds_zeroing(fence) => (fence, seq),
+        _ => {
+            let seq = ctl.nvs.next_seqs(1);
+            let fence = ctl.cache.begin_zeroing(first, end);
+            req.zero_fence = Some((fence, seq));
+            (fence, seq)
+        }
+    };
+    // A destage in flight in the range is routine (under output commit
+    // it lasts until its epoch commits); a degraded volume holding an
+    // edge track is a fault's consequence, recorded once as rung 1.
+    let destaging = ctl.cache.destaging_in(first, end);
+    let zeroed = if destaging {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::ResourceBusy,
+            format!("a destage of a track in {first}..{end} is in flight"),
+        ))
+    } else {
+        // Renamed tracks (output commit's renaming) go home once home is
+        // zero.
+        ctl.volume
+            .zero_tracks(first, end, keep)
+            .and_then(|()| ctl.epochs.device.unmap_range(first, end))
+    };
+    match zeroed {
+        Err(e) if e.kind() == std::io::ErrorKind::ResourceBusy && Instant::now() < deadline => {
+            let wait = crate::devqueue::backoff(req.durable_waits);
+            if !destaging && !std::mem::replace(&mut req.zero_held_recorded, true) {
+                ctl.recoveries
+                    .record(Rung::Task, format!("{e}: zeroing backed off"), wait, 1);
+            }
+            req.durable_waits += 1;
+            continue_after(ctx, &ctl, wait, req, again);
             return Ok(());
         }
-        if ctl.epochs.enabled() {
-            std::thread::sleep(std::time::Duration::from_micros(200));
-        } else {
-            std::thread::yield_now();
-        }
+        _ => {}
     }
-    // Renamed tracks (output commit's renaming) go home once home is zero.
-    let zeroed = ctl
-        .volume
-        .zero_tracks(first, end, keep)
-        .and_then(|()| ctl.epochs.device.unmap_range(first, end));
+    req.zero_fence = None;
     // Even if the devices failed, lift the fence: records stay dirty and
     // the old data is still what reads return.
     let freed = {
         let _changing = ctl.epochs.changing();
-        if zeroed.is_ok() {
-            ctl.cache.end_zeroing(&ctl.nvs, first, end, seq)
-        } else {
-            ctl.cache.end_zeroing(&ctl.nvs, first, end, 0)
-        }
+        let below = if zeroed.is_ok() { seq } else { 0 };
+        ctl.cache.end_zeroing(&ctl.nvs, first, end, below, fence)
     };
     // Invalidated by end_zeroing, under the lock.
     ctl.epochs.retire(&ctl, &freed);
