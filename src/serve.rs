@@ -107,7 +107,8 @@ pub struct ServeArgs {
     /// A task still running this long never checked its time-out (hung):
     /// its recovery group is recovered (rung 2), escalating to rung 4 when
     /// the task cannot drain; must exceed --task-deadline; 0s: off
-    /// [default: 0s].
+    /// [default: 30 x --task-deadline (60s), at most 3600s; off when
+    /// --task-deadline is 0s].
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     hung_after: Option<std::time::Duration>,
     /// Under output commit, also end an epoch as soon as output waits and
@@ -183,7 +184,7 @@ impl ServeArgs {
             c.task_deadline = v;
         }
         if let Some(v) = self.hung_after {
-            c.hung_after = v;
+            c.hung_after = Some(v);
         }
         if let Some(v) = self.commit_when_idle {
             c.commit_when_idle = v;

@@ -18,7 +18,8 @@
 //! policy = "dynamic"
 //! idle_spins = 1024                        # rcs worker spin before parking
 //! task_deadline = "2s"                     # a task running longer fails with a time-out (0s: off)
-//! hung_after = "0s"                        # a task still running this long is hung: its group recovers (0s: off)
+//! hung_after = "60s"                       # a task still running this long is hung: its group recovers
+//!                                          # (default: 30 x task_deadline, at most 3600s; 0s: off)
 //! metrics = "127.0.0.1:9109"               # optional
 //! admin = "./rebound-data/admin.sock"      # default: <data_dir>/admin.sock
 //! flush = "devices"
@@ -195,6 +196,16 @@ fn de_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Er
     parse_duration(&s).map_err(serde::de::Error::custom)
 }
 
+fn de_opt_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    de_duration(d).map(Some)
+}
+
+/// How many task deadlines a task runs before it is called hung, when
+/// `hung_after` is not set: 60 s at the default deadline of 2 s, far past
+/// any step of a request (microseconds to a few milliseconds) and any
+/// device call short of a device that stopped answering.
+pub const HUNG_AFTER_DEADLINES: u32 = 30;
+
 /// Parse a duration such as `20ms`, `500us`, `1s`.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let t = text.trim();
@@ -257,11 +268,12 @@ pub struct Config {
     /// A task still running this long ignored its time-out (it never
     /// checks): the watchdog recovers its group (rung 2), which cannot drain
     /// and escalates to rung 4; if rung 4 cannot quiesce either, the process
-    /// aborts and rung 5 restarts it. Zero (the default): off, because some
-    /// steps legitimately run long in one task (a TRIM waiting for a held
-    /// destage, a zeroed range's edge waiting for a replacement device).
-    #[serde(deserialize_with = "de_duration")]
-    pub hung_after: Duration,
+    /// aborts and rung 5 restarts it. `None` (the default): see
+    /// [`Config::hung_after`]; zero: off. No step of a request waits inside
+    /// its task (FLUSH, FUA, TRIM and WRITE_ZEROES wait between tasks), so
+    /// only a device call that does not return for this long trips it.
+    #[serde(deserialize_with = "de_opt_duration")]
+    pub hung_after: Option<Duration>,
     /// Prometheus endpoint (`http://ADDR/metrics`), if any.
     pub metrics: Option<SocketAddr>,
     /// Admin socket for `rebound status` and `rebound inject` (default:
@@ -317,7 +329,7 @@ impl Default for Config {
             // Far above any step of a request (microseconds to a few ms,
             // a modelled device included), well below a client's patience.
             task_deadline: Duration::from_secs(2),
-            hung_after: Duration::ZERO,
+            hung_after: None,
             metrics: None,
             admin: None,
             flush: FlushPolicy::Devices,
@@ -414,6 +426,21 @@ impl Config {
         self.policy
             .parse()
             .map_err(|e: String| invalid("policy", e))
+    }
+
+    /// When a running task is called hung (`None`: never): `hung_after`
+    /// as set (zero: never), else [`HUNG_AFTER_DEADLINES`] task deadlines,
+    /// at most 3600 s, and never while the task deadline is off (the
+    /// watchdog that calls a task hung is the deadline's).
+    pub fn hung_after(&self) -> Option<Duration> {
+        match self.hung_after {
+            Some(set) => Some(set).filter(|d| !d.is_zero()),
+            None if self.task_deadline.is_zero() => None,
+            None => {
+                Some((self.task_deadline * HUNG_AFTER_DEADLINES).min(Duration::from_secs(3600)))
+                    .filter(|&h| h > self.task_deadline)
+            }
+        }
     }
 
     /// Check every setting.
@@ -540,10 +567,11 @@ impl Config {
                 "must be 0s (off) or between 1ms and 3600s",
             ));
         }
-        if !self.hung_after.is_zero()
+        if let Some(hung) = self.hung_after
+            && !hung.is_zero()
             && (self.task_deadline.is_zero()
-                || self.hung_after <= self.task_deadline
-                || self.hung_after > Duration::from_secs(3600))
+                || hung <= self.task_deadline
+                || hung > Duration::from_secs(3600))
         {
             return Err(invalid(
                 "hung_after",
@@ -659,5 +687,29 @@ mod tests {
         .nvs_path();
         assert!(a.starts_with("/dev/shm"));
         assert_ne!(a, b);
+    }
+
+    #[test]
+    fn hung_after_defaults_to_thirty_deadlines_and_follows_the_deadline_off() {
+        let mut c = Config::default();
+        assert_eq!(c.hung_after(), Some(Duration::from_secs(60)));
+        c.task_deadline = Duration::from_millis(100);
+        assert_eq!(c.hung_after(), Some(Duration::from_secs(3)));
+        c.task_deadline = Duration::from_secs(600);
+        assert_eq!(c.hung_after(), Some(Duration::from_secs(3600)), "capped");
+        c.task_deadline = Duration::from_secs(3600);
+        assert_eq!(c.hung_after(), None, "no room above the deadline: off");
+        c.task_deadline = Duration::ZERO;
+        assert_eq!(c.hung_after(), None, "the deadline's watchdog is off");
+        assert!(c.validate().is_ok());
+        c.task_deadline = Duration::from_secs(2);
+        c.hung_after = Some(Duration::ZERO);
+        assert_eq!(c.hung_after(), None, "0s: off");
+        c.hung_after = Some(Duration::from_secs(5));
+        assert_eq!(c.hung_after(), Some(Duration::from_secs(5)));
+        let toml: Config = toml::from_str("hung_after = \"90s\"").unwrap();
+        assert_eq!(toml.hung_after(), Some(Duration::from_secs(90)));
+        c.hung_after = Some(Duration::from_secs(1));
+        assert!(c.validate().is_err(), "not above the deadline");
     }
 }

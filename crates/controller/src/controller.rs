@@ -168,7 +168,7 @@ fn build_runtime(
         .queue_capacity(16_384)
         .idle_spins(config.idle_spins)
         .task_deadline(Some(config.task_deadline).filter(|d| !d.is_zero()))
-        .hung_after(Some(config.hung_after).filter(|d| !d.is_zero()))
+        .hung_after(config.hung_after())
         .thread_name("rebound-worker");
     // A group recovery that cannot finish (its tasks do not drain, its
     // handler fails) escalates here: the controller's next rung, on a
