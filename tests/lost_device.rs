@@ -221,3 +221,42 @@ fn a_device_file_gone_while_stopped_is_rebuilt_with_redundancy_and_refused_witho
         "{log}"
     );
 }
+
+/// A replacement whose writes fail for a while (`rebound inject
+/// rebuild-error`, a full or failing disk) stops the rebuild: status says
+/// why and when it tries again, the recovery log records it (rung 7), and
+/// the rebuild then completes with every byte intact.
+#[test]
+fn a_rebuild_stopped_by_a_failing_replacement_tries_again_and_completes() {
+    let server = Server::start(
+        "16M",
+        &["--devices", "3", "--raid", "parity", "--cache-size", "1M"],
+    );
+    let uri = server.uri();
+    let target = ["-f", "raw", uri.as_str()];
+    qemu_io(&target, &["write -P 0x51 0 16M".into(), "flush".into()]);
+    let armed = server.admin("inject rebuild-error 3").unwrap();
+    assert!(armed.contains("the next 3 writes"), "{armed}");
+    server.admin("inject lose-device 2").unwrap();
+    // The device's own line says why and when (the recovery log does too).
+    let stopped = wait_status(&server, "a stopped rebuild", REBUILD_WAIT, |s| {
+        s.lines()
+            .any(|l| l.starts_with("device 2 ") && l.contains("trying again in"))
+    });
+    assert!(stopped.contains("injected write error"), "{stopped}");
+    qemu_io(&target, &["read -P 0x51 0 16M".into()]);
+    let status = wait_status(&server, "the rebuild", REBUILD_WAIT, |s| {
+        !s.contains("DEGRADED")
+    });
+    assert!(status.contains("rebuild of device 2 stopped"), "{status}");
+    assert!(status.contains("device 2 rebuilt"), "{status}");
+    let device = status
+        .lines()
+        .find(|l| l.starts_with("device 2 ") && !l.contains(" queue: "))
+        .expect("device 2's line");
+    assert!(device.ends_with(": online"), "{status}");
+    // Three stops and a completed rebuild, besides the loss: rung 7.
+    assert!(rung_count(&status, "reconstruct") >= 5, "{status}");
+    qemu_io(&target, &["read -P 0x51 0 16M".into()]);
+    assert!(!server.log().contains("answering EIO"), "{}", server.log());
+}

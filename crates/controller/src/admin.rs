@@ -23,6 +23,7 @@
 //! | `inject lose-device DEVICE` | the failure model's lost device: every I/O to DEVICE fails from now on; a volume with redundancy (`--raid mirror` or `parity`) serves around it and rebuilds a replacement (rung 7); refused without redundancy |
 //! | `inject rollback` | roll the controller back to its last checkpoint now (rung 3: needs `--output-commit`; quiesce, restore the checkpoint, drop held writes, run the open epoch's requests again); answers with its report |
 //! | `inject system` | run a system-level recovery now (rung 4: quiesce, rebuild from the recovery box, redrive; connections stay up); answers with its report |
+//! | `inject rebuild-error COUNT` | the next COUNT writes to a replacement device during a rebuild fail (a failing disk): the rebuild stops, says why in status, and tries again after a growing wait (rung 7) |
 //! | `inject abandon-box` | invalidate the recovery box and stop keeping it (a corrupt box: rung 4 rebuilds from an NVS scan, the next start is a hard restart) |
 //! | `inject crash` | abort the process (rung 5 at the next start) |
 //! | `inject crash-damaged-box` | invalidate the recovery box, then abort (rung 6 at the next start) |
@@ -417,6 +418,15 @@ fn inject(words: &[&str], ctl: &Arc<Controller>) -> Result<String, String> {
                 ctl.volume.layout().raid()
             ))
         }
+        ["rebuild-error", n] => {
+            let count = n
+                .parse::<u64>()
+                .map_err(|_| format!("rebuild-error COUNT: {n:?} is not a count"))?;
+            ctl.volume.inject_rebuild_errors(count);
+            Ok(format!(
+                "the next {count} writes to a replacement device during a rebuild fail: the rebuild stops and tries again (see status)\n"
+            ))
+        }
         ["abandon-box"] => {
             ctl.journal.abandon();
             Ok("recovery box invalidated: rung 4 now rebuilds from an NVS scan, and the next start is a hard restart\n".into())
@@ -431,11 +441,11 @@ fn inject(words: &[&str], ctl: &Arc<Controller>) -> Result<String, String> {
             Ok("every fault point and group injection disarmed\n".into())
         }
         [] => Err(
-            "inject what? faults: panic, fail, delay, group-fault, corrupt-frame, corrupt-directory, unsolicited-completion, lose-device, rollback, system, abandon-box, crash, crash-damaged-box, clear"
+            "inject what? faults: panic, fail, delay, group-fault, corrupt-frame, corrupt-directory, unsolicited-completion, lose-device, rebuild-error, rollback, system, abandon-box, crash, crash-damaged-box, clear"
                 .into(),
         ),
         [other, ..] => Err(format!(
-            "unknown fault {other:?} (or missing its argument); faults: panic POINT, fail POINT, delay POINT, group-fault GROUP, corrupt-frame TRACK, corrupt-directory TRACK, unsolicited-completion [DEVICE], lose-device DEVICE, rollback, system, abandon-box, crash, crash-damaged-box, clear"
+            "unknown fault {other:?} (or missing its argument); faults: panic POINT, fail POINT, delay POINT, group-fault GROUP, corrupt-frame TRACK, corrupt-directory TRACK, unsolicited-completion [DEVICE], lose-device DEVICE, rebuild-error COUNT, rollback, system, abandon-box, crash, crash-damaged-box, clear"
         )),
     }
 }
@@ -525,13 +535,23 @@ fn status(ctl: &Controller) -> String {
         let _ = match h.state {
             "rebuilding" => writeln!(
                 out,
-                "device {i} {}: rebuilding, {:.1}% ({} of {} slots)",
+                "device {i} {}: rebuilding, {:.1}% ({} of {} slots){}",
                 h.path.display(),
                 h.rebuilt_slots as f64 * 100.0 / h.slots.max(1) as f64,
                 h.rebuilt_slots,
-                h.slots
+                h.slots,
+                h.stalled
+                    .as_ref()
+                    .map_or(String::new(), |w| format!("; {w}"))
             ),
-            state => writeln!(out, "device {i} {}: {state}", h.path.display()),
+            state => writeln!(
+                out,
+                "device {i} {}: {state}{}",
+                h.path.display(),
+                h.stalled
+                    .as_ref()
+                    .map_or(String::new(), |w| format!("; rebuild {w}"))
+            ),
         };
     }
     for (i, q) in ctl.queues.iter().enumerate() {

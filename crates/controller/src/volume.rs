@@ -99,6 +99,11 @@ pub const AHEAD_MAX: usize = 1 << 20;
 /// Bytes of one ahead log record.
 const AHEAD_RECORD: usize = 16;
 
+/// First wait before a stopped rebuild tries again (it doubles each time).
+pub const REBUILD_RETRY_MIN: Duration = Duration::from_millis(250);
+/// Longest wait between tries of a stopped rebuild.
+pub const REBUILD_RETRY_MAX: Duration = Duration::from_secs(30);
+
 /// Stripe (or track) locks; a stripe uses lock `stripe % STRIPE_LOCKS`.
 const STRIPE_LOCKS: usize = 1024;
 
@@ -195,6 +200,8 @@ struct Member {
     ahead: Mutex<std::collections::BTreeSet<u64>>,
     /// The ahead log, open for appending.
     ahead_log: Mutex<Option<std::fs::File>>,
+    /// Why its rebuild is stopped and waits to try again (status).
+    stalled: Mutex<Option<String>>,
 }
 
 /// How a slot may be used now.
@@ -232,6 +239,9 @@ pub struct DeviceHealth {
     pub rebuilt_slots: u64,
     /// Slots on the device.
     pub slots: u64,
+    /// Lost or rebuilding: why the rebuild is stopped, waiting to try
+    /// again (see [`REBUILD_RETRY_MAX`]).
+    pub stalled: Option<String>,
 }
 
 #[derive(Debug)]
@@ -247,6 +257,9 @@ struct Inner {
     rebuilds: Mutex<Vec<std::thread::JoinHandle<()>>>,
     /// Most bytes per second a rebuild writes (0: as fast as it can).
     rebuild_rate: AtomicU64,
+    /// Injected faults: this many more writes to a replacement during a
+    /// rebuild fail (`rebound inject rebuild-error`).
+    rebuild_faults: AtomicU64,
 }
 
 /// An open volume.
@@ -379,6 +392,7 @@ impl Volume {
                         None => Default::default(),
                     }),
                     ahead_log: Mutex::new(None),
+                    stalled: Mutex::new(None),
                 })
             })
             .collect::<Result<Vec<_>, VolumeError>>()?;
@@ -395,6 +409,7 @@ impl Volume {
                 closing: AtomicBool::new(false),
                 rebuilds: Mutex::new(Vec::new()),
                 rebuild_rate: AtomicU64::new(0),
+                rebuild_faults: AtomicU64::new(0),
             }),
         };
         for d in resume {
@@ -565,9 +580,17 @@ impl Volume {
                         0
                     },
                     slots,
+                    stalled: m.stalled.lock().clone(),
                 }
             })
             .collect()
+    }
+
+    /// Make the next `count` writes to a replacement during a rebuild fail
+    /// (the failure model's failing disk, for tests and `rebound inject
+    /// rebuild-error`): the rebuild stops and tries again later.
+    pub fn inject_rebuild_errors(&self, count: u64) {
+        self.inner.rebuild_faults.store(count, Ordering::Release);
     }
 
     /// Whether any device is lost or rebuilding.
@@ -1050,13 +1073,66 @@ impl Inner {
         Ok(())
     }
 
+    /// Rebuild device `d` (creating its replacement first if it is lost),
+    /// trying again after a growing wait while what stops it is not a
+    /// second loss: a replacement that cannot be created or written, a
+    /// label that cannot be recorded (a full or failing disk may recover).
     fn rebuild(self: Arc<Self>, d: usize) {
         let m = &self.members[d];
         let loss = m.losses.load(Ordering::Acquire);
+        let mut wait = REBUILD_RETRY_MIN;
+        loop {
+            let why = match Arc::clone(&self).rebuild_once(d, loss) {
+                Stopped::Done => return,
+                Stopped::Fatal(why) => {
+                    tracing::error!(device = d, %why, "rebuild stopped; the volume stays degraded");
+                    *m.stalled.lock() = Some(format!("stopped: {why}"));
+                    if let Some(log) = self.log.get() {
+                        log.record(
+                            Rung::Reconstruct,
+                            format!("rebuild of device {d} stopped for good: {why}"),
+                            Duration::ZERO,
+                            0,
+                        );
+                    }
+                    return;
+                }
+                Stopped::Retry(why) => why,
+            };
+            tracing::error!(device = d, %why, ?wait, "rebuild stopped; trying again");
+            *m.stalled.lock() = Some(format!("stopped ({why}); trying again in {wait:?}"));
+            if let Some(log) = self.log.get() {
+                log.record(
+                    Rung::Reconstruct,
+                    format!("rebuild of device {d} stopped ({why}); trying again in {wait:?}"),
+                    Duration::ZERO,
+                    0,
+                );
+            }
+            // In short naps, so closing the volume is not held up.
+            let until = Instant::now() + wait;
+            while Instant::now() < until {
+                if self.closing.load(Ordering::Acquire) || m.losses.load(Ordering::Acquire) != loss
+                {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20).min(until - Instant::now()));
+            }
+            *m.stalled.lock() = None;
+            wait = (wait * 2).min(REBUILD_RETRY_MAX);
+        }
+    }
+
+    /// One try of [`Inner::rebuild`], from the rebuilt prefix the label
+    /// records.
+    fn rebuild_once(self: Arc<Self>, d: usize, loss: u64) -> Stopped {
+        let m = &self.members[d];
+        if self.closing.load(Ordering::Acquire) || m.losses.load(Ordering::Acquire) != loss {
+            return Stopped::Done;
+        }
         if m.state.load(Ordering::Acquire) == LOST {
             if let Err(e) = self.replace(d) {
-                tracing::error!(device = d, error = %e, "no replacement for a lost device; the volume stays degraded");
-                return;
+                return Stopped::Retry(format!("no replacement device: {e}"));
             }
             m.state.store(REBUILDING, Ordering::Release);
         }
@@ -1073,14 +1149,14 @@ impl Inner {
         let mut last_report = Instant::now();
         let mut last_persist = (from, Instant::now());
         let mut slot = from;
-        let outcome: Result<(), String> = loop {
+        let outcome: Result<(), Stopped> = loop {
             if self.closing.load(Ordering::Acquire) {
-                return;
+                return Stopped::Done;
             }
             if m.state.load(Ordering::Acquire) != REBUILDING
                 || m.losses.load(Ordering::Acquire) != loss
             {
-                return; // lost again; a new rebuild starts over
+                return Stopped::Done; // lost again; a new rebuild starts over
             }
             if slot < slots {
                 let rebuilt = match self.layout.owner(d, slot) {
@@ -1091,9 +1167,12 @@ impl Inner {
                     Owner::Copy { track, from } => {
                         let _g = self.lock(track);
                         if self.usable(from.0, from.1) == Use::Missing {
-                            break Err(format!("track {track}: its other copy is lost too"));
+                            break Err(Stopped::Fatal(format!(
+                                "track {track}: its other copy is lost too"
+                            )));
                         }
                         self.read_slot(from.0, from.1, &mut buf)
+                            .and_then(|()| self.injected_rebuild_fault(d))
                             .and_then(|()| self.write_slot(d, slot, &buf))
                     }
                     // Rebuilt ahead for a write, and kept current since:
@@ -1108,19 +1187,26 @@ impl Inner {
                             .into_iter()
                             .filter(|&x| x != d);
                         self.xor_of(stripe, rest, &mut buf)
+                            .and_then(|()| self.injected_rebuild_fault(d))
                             .and_then(|()| self.write_slot(d, slot, &buf))
                     }
                 };
                 match rebuilt {
                     Ok(()) => {}
-                    Err(Fault::Device(x, e)) => {
-                        if x != d {
-                            // Another device failed: that one is lost too.
-                            Self::fail(&self, x, &e);
-                        }
-                        break Err(format!("device {x}: {e}"));
+                    Err(Fault::Device(x, e)) if x != d => {
+                        // Another device failed: that one is lost too, and
+                        // what this one held with it cannot be rebuilt.
+                        Self::fail(&self, x, &e);
+                        break Err(Stopped::Fatal(format!("device {x}: {e}")));
                     }
-                    Err(Fault::Io(e)) => break Err(e.to_string()),
+                    // The replacement failed: a full or failing disk,
+                    // perhaps for a while only.
+                    Err(Fault::Device(_, e)) => {
+                        break Err(Stopped::Retry(format!("replacement device {d}: {e}")));
+                    }
+                    // The data cannot be read now (a stripe missing
+                    // another member): a second loss.
+                    Err(Fault::Io(e)) => break Err(Stopped::Fatal(e.to_string())),
                 }
                 slot += 1;
                 m.rebuilt.store(slot, Ordering::Release);
@@ -1144,15 +1230,17 @@ impl Inner {
             {
                 last_persist = (slot, Instant::now());
                 if let Err(e) = self.on(d, |dev| dev.sync()) {
-                    break Err(match e {
-                        Fault::Device(_, e) | Fault::Io(e) => e.to_string(),
-                    });
+                    break Err(Stopped::Retry(match e {
+                        Fault::Device(_, e) | Fault::Io(e) => {
+                            format!("syncing replacement device {d}: {e}")
+                        }
+                    }));
                 }
                 let mut label = self.label.lock();
                 if m.state.load(Ordering::Acquire) != REBUILDING
                     || m.losses.load(Ordering::Acquire) != loss
                 {
-                    return;
+                    return Stopped::Done;
                 }
                 if slot == slots {
                     label.degraded.retain(|g| g.device as usize != d);
@@ -1160,7 +1248,9 @@ impl Inner {
                     g.rebuilt_slots = slot;
                 }
                 if let Err(e) = write_label(&self.dir, &label) {
-                    break Err(format!("recording the rebuild in the label: {e}"));
+                    break Err(Stopped::Retry(format!(
+                        "recording the rebuild in the label: {e}"
+                    )));
                 }
                 m.durable.store(slot, Ordering::Release);
                 m.ahead.lock().retain(|&a| a >= slot);
@@ -1197,12 +1287,39 @@ impl Inner {
                         0,
                     );
                 }
+                *m.stalled.lock() = None;
+                Stopped::Done
             }
-            Err(why) => {
-                tracing::error!(device = d, %why, "rebuild stopped; the volume stays degraded");
-            }
+            Err(stopped) => stopped,
         }
     }
+
+    /// An injected write error of replacement `d` during its rebuild, if
+    /// one is armed.
+    fn injected_rebuild_fault(&self, d: usize) -> Result<(), Fault> {
+        let armed = self
+            .rebuild_faults
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok();
+        if armed {
+            return Err(Fault::Device(
+                d,
+                std::io::Error::other("injected write error on the replacement"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// How one try of a rebuild ended.
+enum Stopped {
+    /// Rebuilt, or no longer this try's business (closing, lost again).
+    Done,
+    /// Stopped by what may pass: try again later.
+    Retry(String),
+    /// Stopped by a second loss: what the device held with the other
+    /// cannot be rebuilt.
+    Fatal(String),
 }
 
 fn fastrand_id() -> u64 {
@@ -1831,5 +1948,52 @@ mod tests {
             "two lost devices of three must cost some tracks"
         );
         assert!(v.degraded());
+    }
+
+    /// A replacement that fails writes for a while (a full or failing
+    /// disk) stops the rebuild, which says why and tries again until it
+    /// completes; nothing is lost meanwhile.
+    #[test]
+    fn a_rebuild_stopped_by_a_failing_replacement_tries_again_until_done() {
+        for raid in [Raid::Mirror, Raid::Parity] {
+            let dir = tempfile::tempdir().unwrap();
+            let tracks = 600;
+            let v = Volume::open_or_create(dir.path(), tracks * 4096, 3, raid, false).unwrap();
+            for t in 0..tracks {
+                v.write_track(t, &pattern(t, 1)).unwrap();
+            }
+            v.inject_rebuild_errors(2);
+            let started = Instant::now();
+            v.pull(1).unwrap();
+            // Stopped, with its reason in the device's health.
+            let mut seen = None;
+            while seen.is_none() && started.elapsed() < Duration::from_secs(5) {
+                seen = v.health()[1].stalled.clone();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let why = seen.expect("the stopped rebuild says so");
+            assert!(why.contains("injected write error"), "{why}");
+            assert!(why.contains("trying again"), "{why}");
+            // Served meanwhile, written meanwhile.
+            for t in (0..tracks).step_by(7) {
+                assert_eq!(read(&v, t).unwrap(), pattern(t, 1), "{raid:?} track {t}");
+            }
+            write_retrying(&v, 10, &pattern(10, 2));
+            assert!(
+                v.wait_rebuilds(Duration::from_secs(60)),
+                "{raid:?}: never rebuilt"
+            );
+            assert!(
+                started.elapsed() >= REBUILD_RETRY_MIN * 3,
+                "two failures wait 250 ms then 500 ms before the third try"
+            );
+            assert!(!v.degraded());
+            assert_eq!(v.health()[1].stalled, None);
+            assert_eq!(read(&v, 10).unwrap(), pattern(10, 2));
+            for t in (0..tracks).filter(|&t| t != 10) {
+                assert_eq!(read(&v, t).unwrap(), pattern(t, 1), "{raid:?} track {t}");
+            }
+            assert_consistent(&v, dir.path());
+        }
     }
 }
