@@ -1080,6 +1080,8 @@ impl Inner {
     fn rebuild(self: Arc<Self>, d: usize) {
         let m = &self.members[d];
         let loss = m.losses.load(Ordering::Acquire);
+        // A stop of an earlier loss's rebuild is no news about this one.
+        *m.stalled.lock() = None;
         let mut wait = REBUILD_RETRY_MIN;
         loop {
             let why = match Arc::clone(&self).rebuild_once(d, loss) {
