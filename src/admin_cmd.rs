@@ -56,6 +56,10 @@ pub enum Fault {
     /// corruption: rung 3 restores it from the checkpoint when the server
     /// runs with --output-commit)
     CorruptDirectory,
+    /// Damage the data of dirty --track's NVS record and drop its cached
+    /// copy (NVS memory corruption: the track's data is lost; reads and
+    /// FLUSH answer EIO until it is written again)
+    CorruptRecord,
     /// The device (--device, default 0) reports a completion no submission
     /// waits for (rung 1: ignored and counted).
     UnsolicitedCompletion,
@@ -99,7 +103,9 @@ pub struct InjectArgs {
     /// Recovery group (group-fault): host, cache, nvs, device, destage, background.
     #[arg(long, value_name = "G")]
     group: Option<String>,
-    /// Track (4 KiB unit of the volume) whose cache frame to damage (corrupt-frame).
+    /// Track (4 KiB unit of the volume) to damage (corrupt-frame: its cache
+    /// frame; corrupt-directory: its dirty entry; corrupt-record: its NVS
+    /// record and cached copy).
     #[arg(long, value_name = "N")]
     track: Option<u64>,
     /// Backend device number (unsolicited-completion [default: 0], lose-device).
@@ -144,6 +150,10 @@ impl InjectArgs {
             Fault::CorruptDirectory => {
                 let t = self.track.map(|t| t.to_string());
                 line += &format!("corrupt-directory {}", needs(&t, "--track N")?);
+            }
+            Fault::CorruptRecord => {
+                let t = self.track.map(|t| t.to_string());
+                line += &format!("corrupt-record {}", needs(&t, "--track N")?);
             }
             Fault::UnsolicitedCompletion => {
                 line += "unsolicited-completion";

@@ -575,3 +575,37 @@ fn a_trim_waiting_for_a_held_destage_holds_no_worker() {
     );
     assert_eq!(device_track(&server, 9), vec![0x09; TRACK as usize]);
 }
+
+/// A read that finds a track's NVS record damaged (its header names the
+/// record, its data fails the checksum) and no cached copy is answered EIO
+/// at once: no rollback is tried (it cannot bring damaged data back), and
+/// the server keeps serving other tracks.
+#[test]
+fn a_read_of_a_damaged_record_is_answered_eio_without_a_rollback() {
+    let server = Server::start(
+        "16M",
+        &["--output-commit", "stall", "--checkpoint-interval", "20ms"],
+    );
+    server
+        .admin("inject fail device.queue-full count=unlimited")
+        .unwrap();
+    let mut c = Raw::go(&server.addr);
+    for t in [5u64, 6] {
+        write(&mut c, t, t, 0x50 + t as u8);
+        reply_ok(&mut c, t, 0);
+    }
+    let answer = server.admin("inject corrupt-record 5").unwrap();
+    assert!(answer.contains("track 5"), "{answer}");
+    c.request(raw::CMD_READ, 0, 20, 5 * TRACK, TRACK as u32);
+    let (got, error, _) = c.simple_reply(TRACK as usize);
+    assert_eq!((got, error), (20, 5), "EIO for the lost track");
+    assert!(read_track(&mut c, 21, 6).iter().all(|&b| b == 0x56));
+    let status = server.admin("status").unwrap();
+    assert_eq!(
+        status_field(&status, "commits, ", " rollbacks"),
+        0,
+        "{status}"
+    );
+    assert_eq!(common::rung_count(&status, "system"), 0, "{status}");
+    assert!(status.contains("lost tracks: 1 "), "{status}");
+}

@@ -20,6 +20,7 @@
 //! | `inject corrupt-frame TRACK` | damage the check word of the cache frame holding TRACK (4 KiB units): the next read rebuilds it (rung 1) |
 //! | `inject unsolicited-completion [DEVICE]` | the device (default 0) reports a completion no submission is waiting for: ignored and counted (rung 1) |
 //! | `inject corrupt-directory TRACK` | damage the in-memory directory entry of dirty TRACK (state corruption): the next read finds it naming a record the NVS does not hold; with output commit, rung 3 restores it from the checkpoint, else the read is answered EIO |
+//! | `inject corrupt-record TRACK` | damage the data of dirty TRACK's NVS record and drop its cached copy (NVS memory corruption): the track's data is lost; reads and FLUSH answer EIO, recorded once (rung 1), until the track is written again |
 //! | `inject lose-device DEVICE` | the failure model's lost device: every I/O to DEVICE fails from now on; a volume with redundancy (`--raid mirror` or `parity`) serves around it and rebuilds a replacement (rung 7); refused without redundancy |
 //! | `inject rollback` | roll the controller back to its last checkpoint now (rung 3: needs `--output-commit`; quiesce, restore the checkpoint, drop held writes, run the open epoch's requests again); answers with its report |
 //! | `inject system` | run a system-level recovery now (rung 4: quiesce, rebuild from the recovery box, redrive; connections stay up); answers with its report |
@@ -368,6 +369,20 @@ fn inject(words: &[&str], ctl: &Arc<Controller>) -> Result<String, String> {
                 )),
             }
         }
+        ["corrupt-record", track] => {
+            let t: u64 = track.parse().map_err(|_| {
+                format!("corrupt-record TRACK: {track:?} is not a track number")
+            })?;
+            match ctl.cache.damage_record(t, &ctl.nvs) {
+                Some(d) => Ok(format!(
+                    "damaged the data of track {t}'s NVS record (slot {}, seq {}) and dropped its cached copy\n",
+                    d.slot, d.seq
+                )),
+                None => Err(format!(
+                    "track {t} has no record in the NVS (write it, and hold its destage, first)"
+                )),
+            }
+        }
         ["rollback"] => ctl
             .rollback("injected through the admin socket")
             .map(|report| format!("{report}\n"))
@@ -441,11 +456,11 @@ fn inject(words: &[&str], ctl: &Arc<Controller>) -> Result<String, String> {
             Ok("every fault point and group injection disarmed\n".into())
         }
         [] => Err(
-            "inject what? faults: panic, fail, delay, group-fault, corrupt-frame, corrupt-directory, unsolicited-completion, lose-device, rebuild-error, rollback, system, abandon-box, crash, crash-damaged-box, clear"
+            "inject what? faults: panic, fail, delay, group-fault, corrupt-frame, corrupt-directory, corrupt-record, unsolicited-completion, lose-device, rebuild-error, rollback, system, abandon-box, crash, crash-damaged-box, clear"
                 .into(),
         ),
         [other, ..] => Err(format!(
-            "unknown fault {other:?} (or missing its argument); faults: panic POINT, fail POINT, delay POINT, group-fault GROUP, corrupt-frame TRACK, corrupt-directory TRACK, unsolicited-completion [DEVICE], lose-device DEVICE, rebuild-error COUNT, rollback, system, abandon-box, crash, crash-damaged-box, clear"
+            "unknown fault {other:?} (or missing its argument); faults: panic POINT, fail POINT, delay POINT, group-fault GROUP, corrupt-frame TRACK, corrupt-directory TRACK, corrupt-record TRACK, unsolicited-completion [DEVICE], lose-device DEVICE, rebuild-error COUNT, rollback, system, abandon-box, crash, crash-damaged-box, clear"
         )),
     }
 }
@@ -474,6 +489,21 @@ fn status(ctl: &Controller) -> String {
             "abandoned (next restart is hard)"
         },
     );
+    let lost = crate::destage::lost_tracks(ctl);
+    if !lost.is_empty() {
+        let shown: Vec<String> = lost.iter().take(16).map(u64::to_string).collect();
+        let _ = writeln!(
+            out,
+            "lost tracks: {} (NVS record damaged, no cached copy; reads answer EIO until written again): {}{}",
+            lost.len(),
+            shown.join(", "),
+            if lost.len() > shown.len() {
+                ", ..."
+            } else {
+                ""
+            }
+        );
+    }
     {
         let e = ctl.epochs();
         let st = e.stats();

@@ -1025,6 +1025,29 @@ impl Cache {
         Some(d)
     }
 
+    /// The record that holds `track`'s newest data: its dirty record, or
+    /// the one being destaged.
+    pub fn newest_record(&self, track: u64) -> Option<Dirty> {
+        let shard = self.shards[shard_of(track)].lock(Use::Quiet);
+        shard.map.get(&track).and_then(|e| e.dirty.or(e.destaging))
+    }
+
+    /// Fault injection: damage the data of `track`'s newest NVS record and
+    /// drop its cached copy, so that no good copy of the track's newest
+    /// data is left (memory corruption of the NVS). Returns the record.
+    pub fn damage_record(&self, track: u64, nvs: &Nvs) -> Option<Dirty> {
+        let mut guard = self.shards[shard_of(track)].lock(Use::Write);
+        let shard = &mut *guard;
+        let d = shard
+            .map
+            .get(&track)
+            .and_then(|e| e.dirty.or(e.destaging))?;
+        shard.drop_frame(track);
+        shard.epoch += 1;
+        nvs.damage_slot(d.slot, crate::nvs::SLOT_HEADER_BYTES + 100);
+        Some(d)
+    }
+
     /// Install the rebuild hook (once; later calls are ignored).
     pub fn set_rebuild_hook(&self, hook: RebuildHook) {
         let _ = self.rebuild_hook.set(hook);

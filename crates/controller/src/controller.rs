@@ -399,6 +399,15 @@ impl Controller {
                 "replayed dirty tracks from the NVS"
             );
         }
+        if let Some(scan) = &ctl.startup.scan
+            && (scan.discarded > 0 || scan.damaged > 0)
+        {
+            tracing::warn!(
+                discarded = scan.discarded,
+                damaged = scan.damaged,
+                "NVS scan: records with a damaged header freed; records with damaged data kept (their tracks read as EIO until rewritten)"
+            );
+        }
         {
             // Rung 1: a cache control block failing its check word is
             // dropped and rebuilt from its NVS record or the device.
@@ -536,6 +545,7 @@ impl Controller {
             frames_rebuilt: s.frames_rebuilt.load(Ordering::Relaxed),
             nvs: (total - u64::from(self.nvs.free_slots()), total),
             dirty_tracks: self.cache.dirty_tracks(),
+            lost_tracks: crate::destage::lost_tracks(self).len() as u64,
             rungs: Rung::ALL
                 .iter()
                 .map(|&rung| match rung {

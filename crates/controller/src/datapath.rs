@@ -788,6 +788,18 @@ fn cache_read(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failur
         match ctl.cache.read(first + i as u64, chunk, &ctl.nvs) {
             Ok(crate::cache::ReadOutcome::Miss { epoch }) => misses.push((i, epoch)),
             Ok(_) => {}
+            Err(crate::nvs::NvsError::Damaged { slot, seq, .. }) => {
+                // The NVS memory holding the track's newest data is damaged
+                // and no cached copy exists: no rollback or rebuild brings
+                // it back, and older data must not be returned in its place.
+                let track = first + i as u64;
+                crate::destage::note_lost(&ctl, track, slot, seq, "a read");
+                req.reply(Err((
+                    NbdError::Io,
+                    "the track's data is lost (its NVS record is damaged)",
+                )));
+                return Ok(());
+            }
             Err(e) => {
                 let track = first + i as u64;
                 if ctl.epochs.enabled() && !req.escalated {

@@ -16,8 +16,26 @@
 //! A record that fails its checksum when read for destage is destaged from
 //! the cache frame holding the same data, if there is one (the frame is a
 //! copy made under the same lock when the record was applied).
+//!
+//! # Lost tracks
+//!
+//! If the record's header is intact and names the record but its data
+//! fails the checksum ([`NvsError::Damaged`]: the NVS memory is damaged)
+//! and no cached copy exists, the track's newest acknowledged data is gone:
+//! nothing in the controller can bring it back, and retrying cannot help.
+//! The track is *lost*: the loss is recorded once (rung 1, in the recovery
+//! log and the `rebound_lost_tracks` gauge), reads of the track answer
+//! `EIO` (never older data: a read never returns data that is not the
+//! newest written), FLUSH answers `EIO` while the track is lost, and the
+//! record stays where it is, so a fast restart finds the loss again. The
+//! track keeps its place in the retry list at no I/O cost; the next write
+//! of the whole track (tracks are the export's minimum block) or a
+//! TRIM / WRITE_ZEROES over it supersedes the damaged record and ends the
+//! loss.
+//!
+//! [`NvsError::Damaged`]: crate::nvs::NvsError::Damaged
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -70,6 +88,9 @@ pub struct DestageQueue {
     queue: Mutex<VecDeque<u64>>,
     failed: Mutex<Vec<u64>>,
     inflight: AtomicU32,
+    /// Lost tracks (see the module doc): track -> sequence number of the
+    /// damaged record.
+    lost: Mutex<HashMap<u64, u64>>,
 }
 
 impl DestageQueue {
@@ -105,6 +126,40 @@ impl DestageQueue {
         self.queue.lock().clear();
         self.failed.lock().clear();
     }
+}
+
+/// `track`'s newest record (`slot`, `seq`) failed its data checksum and no
+/// cached copy exists: the track is lost (see the module doc). Recorded
+/// once per record; `found_by` names who found it.
+pub(crate) fn note_lost(ctl: &Controller, track: u64, slot: u32, seq: u64, found_by: &str) {
+    if ctl.destage.lost.lock().insert(track, seq) == Some(seq) {
+        return;
+    }
+    tracing::error!(
+        track,
+        slot,
+        seq,
+        found_by,
+        "acknowledged data lost: the track's NVS record failed its data checksum and no cached copy exists"
+    );
+    ctl.recoveries.record(
+        Rung::Task,
+        format!(
+            "track {track} lost: its NVS record (slot {slot}, seq {seq}) failed its data checksum and no cached copy exists (found by {found_by}); reads answer EIO until the track is written again"
+        ),
+        Duration::ZERO,
+        0,
+    );
+}
+
+/// Tracks lost now, lowest first: the damaged record is still the track's
+/// newest (losses that a later write or zeroing ended are forgotten).
+pub(crate) fn lost_tracks(ctl: &Controller) -> Vec<u64> {
+    let mut lost = ctl.destage.lost.lock();
+    lost.retain(|&t, &mut seq| ctl.cache.newest_record(t).is_some_and(|d| d.seq == seq));
+    let mut tracks: Vec<u64> = lost.keys().copied().collect();
+    tracks.sort_unstable();
+    tracks
 }
 
 /// Start a destage task if there is work and room for one.
@@ -172,6 +227,11 @@ fn batch(ctl: &Arc<Controller>) {
                 // rebuilt (`volume`); `end` queued it for the next tick.
                 tracing::debug!(track, error = %e, "destage waits for the rebuild");
             }
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                // A lost track (recorded once by `note_lost`): it waits in
+                // the retry list for a write that supersedes it.
+                tracing::debug!(track, error = %e, "destage of a lost track skipped");
+            }
             Err(e) => {
                 // `end` queued it for the next tick.
                 tracing::warn!(track, error = %e, "destage failed; will retry");
@@ -232,7 +292,10 @@ fn one(ctl: &Controller, track: u64) -> std::io::Result<bool> {
     match written {
         Ok(()) => Ok(true),
         Err(e) => {
-            if e.kind() != std::io::ErrorKind::ResourceBusy {
+            if !matches!(
+                e.kind(),
+                std::io::ErrorKind::ResourceBusy | std::io::ErrorKind::InvalidData
+            ) {
                 ctl.metrics.destage_errors.fetch_add(1, Ordering::Relaxed);
             }
             Err(e)
@@ -279,6 +342,9 @@ fn read_record(
             if ctl.cache.dirty_copy(track, d, buf) {
                 tracing::error!(track, error = %e, "NVS record corrupt; destaging the cached copy");
                 Ok(())
+            } else if let crate::nvs::NvsError::Damaged { slot, seq, .. } = e {
+                note_lost(ctl, track, slot, seq, "destage");
+                Err(std::io::Error::new(std::io::ErrorKind::InvalidData, e))
             } else {
                 Err(std::io::Error::other(e))
             }

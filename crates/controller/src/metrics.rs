@@ -107,6 +107,9 @@ pub struct Gauges {
     pub nvs: (u64, u64),
     /// Dirty tracks.
     pub dirty_tracks: u64,
+    /// Tracks whose newest data is lost (a damaged NVS record, no cached
+    /// copy; see [`crate::destage`]).
+    pub lost_tracks: u64,
     /// rcs metrics.
     pub rcs: Option<rcs::MetricsSnapshot>,
     /// Per rung: name, recoveries, seconds spent, requests affected.
@@ -340,6 +343,12 @@ impl Metrics {
                 "gauge",
                 "4 KiB slots of replacement devices still to rebuild.",
                 g.volume.1,
+            ),
+            (
+                "rebound_lost_tracks",
+                "gauge",
+                "Tracks whose newest acknowledged data is lost: the NVS record failed its data checksum and no cached copy exists (reads answer EIO until the track is written again).",
+                g.lost_tracks,
             ),
             (
                 "rebound_destage_errors_total",

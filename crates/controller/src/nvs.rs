@@ -37,6 +37,16 @@
 //! checksums and is discarded. Both cases are writes never acknowledged.
 //! Freeing is a single aligned 4-byte store of magic = 0.
 //!
+//! A record whose magic and header are intact but whose data fails its
+//! checksum cannot come from a crash in this order: it is damage to the
+//! NVS memory, and may be the only copy of an acknowledged write. The scan
+//! keeps it ([`ScanReport::damaged`]) instead of letting an older record or
+//! the device's older data stand in for it: if it is its track's newest
+//! record, the track is lost (reads answer `EIO`; see `destage`'s module
+//! doc) until it is written again. (Where pages of a file-backed NVS reach
+//! the disk out of order at a power loss, an unacknowledged write can look
+//! the same; answering `EIO` for it is conservative, never wrong data.)
+//!
 //! Slots are handed out lowest first, so the slots that ever held a record
 //! stay below a high-water mark. Raising it (in steps of a segment) is
 //! written to the superblock before any slot above the old mark is handed
@@ -136,6 +146,22 @@ pub enum NvsError {
         /// Why.
         reason: &'static str,
     },
+    /// The slot holds the record asked for (its header is intact and names
+    /// it), but the data failed its checksum: the NVS memory itself is
+    /// damaged, and no rollback or rebuild of the directory brings the data
+    /// back (unlike [`NvsError::Corrupt`], where the directory may be what
+    /// is wrong).
+    #[error(
+        "NVS record in slot {slot} (track {track}, seq {seq}) failed its data checksum: its data is damaged"
+    )]
+    Damaged {
+        /// The slot.
+        slot: u32,
+        /// The record's track.
+        track: u64,
+        /// The record's sequence number.
+        seq: u64,
+    },
     /// The server is shutting down; no more space is handed out.
     #[error("NVS is shutting down")]
     ShuttingDown,
@@ -158,10 +184,14 @@ pub struct ScannedRecord {
 /// What the scan at open found.
 #[derive(Debug, Default, Clone)]
 pub struct ScanReport {
-    /// Valid records, in slot order.
+    /// Records whose header is intact, in slot order (their data is
+    /// checked when read: see `damaged`).
     pub records: Vec<ScannedRecord>,
-    /// Slots that held a torn or damaged record (now free).
+    /// Slots whose header was torn or damaged (now free).
     pub discarded: u32,
+    /// Of `records`, those whose data fails its checksum (kept: see the
+    /// module doc's crash assumptions).
+    pub damaged: u32,
     /// Time the scan took.
     pub elapsed: Duration,
 }
@@ -418,7 +448,8 @@ impl Nvs {
     }
 
     /// Hard restart: validate every slot (header and data checksums); free
-    /// the invalid ones; rebuild the free list and the sequence counter.
+    /// those whose header is invalid (keeping those whose data alone is
+    /// damaged); rebuild the free list and the sequence counter.
     pub fn scan(&self) -> ScanReport {
         self.scan_with_progress(&mut |_, _| {})
     }
@@ -446,8 +477,11 @@ impl Nvs {
                     free.push(slot);
                     continue;
                 }
-                match self.validate(rec) {
+                match self.validate_header(&rec[..SLOT_HEADER_BYTES]) {
                     Some((seq, track)) => {
+                        if self.validate(rec).is_none() {
+                            report.damaged += 1;
+                        }
                         max_seq = max_seq.max(seq);
                         report.records.push(ScannedRecord { slot, seq, track });
                     }
@@ -645,13 +679,17 @@ impl Nvs {
         let map = self.segments[seg].lock();
         let rec = &map[at..at + SLOT_BYTES];
         let corrupt = |reason| NvsError::Corrupt { slot, reason };
-        let Some((s, t)) = self.validate(rec) else {
+        let Some((s, t)) = self.validate_header(&rec[..SLOT_HEADER_BYTES]) else {
             return Err(corrupt("checksum or header mismatch"));
         };
         if (s, t) != (seq, track) {
             return Err(corrupt("the slot holds another record"));
         }
-        out.copy_from_slice(&rec[SLOT_HEADER_BYTES..]);
+        let data = &rec[SLOT_HEADER_BYTES..];
+        if crc(data) != le_u32(rec, H_DATA_CRC) {
+            return Err(NvsError::Damaged { slot, track, seq });
+        }
+        out.copy_from_slice(data);
         Ok(())
     }
 
@@ -776,6 +814,22 @@ mod tests {
     }
 
     #[test]
+    fn a_damaged_header_reads_as_corrupt_not_as_damaged_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let (nvs, _) = open(dir.path());
+        let slots = nvs.reserve(1, Duration::from_secs(1)).unwrap();
+        nvs.write_record(slots[0], 3, 9, &[1; TRACK_BYTES]);
+        nvs.damage_slot(slots[0], H_SEQ);
+        let mut out = vec![0u8; TRACK_BYTES];
+        // Without an intact header nothing says which record the slot held:
+        // the directory may be what is wrong.
+        assert!(matches!(
+            nvs.read_record(slots[0], 9, 3, &mut out),
+            Err(NvsError::Corrupt { .. })
+        ));
+    }
+
+    #[test]
     fn the_high_water_mark_is_persisted_before_slots_above_it_are_used() {
         let dir = tempfile::tempdir().unwrap();
         let open = |dir: &Path| {
@@ -847,23 +901,50 @@ mod tests {
     }
 
     #[test]
-    fn a_damaged_record_is_discarded_by_the_scan_and_refused_by_reads() {
+    fn the_scan_discards_a_damaged_header_but_keeps_damaged_data_that_reads_refuse() {
         let dir = tempfile::tempdir().unwrap();
         let (nvs, _) = open(dir.path());
-        let slots = nvs.reserve(2, Duration::from_secs(1)).unwrap();
+        let slots = nvs.reserve(3, Duration::from_secs(1)).unwrap();
         nvs.write_record(slots[0], 1, 5, &[7; TRACK_BYTES]);
         nvs.write_record(slots[1], 2, 6, &[8; TRACK_BYTES]);
+        nvs.write_record(slots[2], 3, 7, &[9; TRACK_BYTES]);
         nvs.damage_slot(slots[0], SLOT_HEADER_BYTES + 100);
+        nvs.damage_slot(slots[2], H_TRACK);
         let mut out = vec![0u8; TRACK_BYTES];
+        // The header still names the record: its data is what is damaged.
         assert!(matches!(
             nvs.read_record(slots[0], 5, 1, &mut out),
+            Err(NvsError::Damaged {
+                track: 5,
+                seq: 1,
+                ..
+            })
+        ));
+        // Asked for another record, the slot answers that it holds another.
+        assert!(matches!(
+            nvs.read_record(slots[0], 5, 2, &mut out),
             Err(NvsError::Corrupt { .. })
         ));
         drop(nvs);
-        let (_, report) = open(dir.path());
+        let (nvs, report) = open(dir.path());
+        // Slot 2's header is damaged: nothing says what it held; freed.
         assert_eq!(report.discarded, 1);
-        assert_eq!(report.records.len(), 1);
-        assert_eq!(report.records[0].track, 6);
+        // Slot 0's data is damaged: kept, so that an older copy never
+        // stands in for it, and still refused when read.
+        assert_eq!(report.damaged, 1);
+        let mut found: Vec<_> = report.records.iter().map(|r| (r.track, r.seq)).collect();
+        found.sort();
+        assert_eq!(found, [(5, 1), (6, 2)]);
+        assert!(matches!(
+            nvs.read_record(slots[0], 5, 1, &mut out),
+            Err(NvsError::Damaged {
+                track: 5,
+                seq: 1,
+                ..
+            })
+        ));
+        nvs.read_record(slots[1], 6, 2, &mut out).unwrap();
+        assert!(out.iter().all(|&b| b == 8));
     }
 
     #[test]
