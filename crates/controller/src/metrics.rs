@@ -520,6 +520,7 @@ mod tests {
             cache: (3, 1, 4),
             nvs: (10, 100),
             volume: (1, 300),
+            lost_tracks: 2,
             rungs: vec![RungTotals {
                 rung: 4,
                 name: "system",
@@ -539,6 +540,7 @@ mod tests {
         assert!(text.contains("rebound_nvs_fill_ratio 0.1"));
         assert!(text.contains("rebound_volume_devices_degraded 1"));
         assert!(text.contains("rebound_volume_rebuild_slots_remaining 300"));
+        assert!(text.contains("rebound_lost_tracks 2"));
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let value = line.rsplit(' ').next().unwrap();
             assert!(value.parse::<f64>().is_ok(), "bad sample line {line:?}");
