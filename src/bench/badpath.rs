@@ -39,11 +39,11 @@ pub struct BadPathArgs {
     #[arg(long)]
     runtime: Option<u32>,
     /// rcs workers of the server; 0: one per core (the paper's runs used 4
-    /// and 8) [default: 0].
+    /// and 8).
     #[arg(long, default_value_t = 0)]
     workers: usize,
     /// fio jobs, one NBD connection each, QD32 apiece (more cores need
-    /// more load to stay busy) [default: 1].
+    /// more load to stay busy).
     #[arg(long, default_value_t = 1)]
     connections: u32,
     /// The recovery groups that take the faults on the bad path, one bad
