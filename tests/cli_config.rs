@@ -168,3 +168,30 @@ fn reopening_a_volume_with_another_size_or_a_busy_nvs_is_refused() {
     ]);
     assert!(!ok && err.contains("belongs to volume"), "{err}");
 }
+
+/// `rebound bench badpath` checks its flags before it starts any server:
+/// an unknown faulted group, or a count out of range, is named.
+#[test]
+fn bench_badpath_refuses_bad_flags_before_running() {
+    let out = std::env::temp_dir().join("rebound-badpath-flags");
+    for (args, expect) in [
+        (vec!["--groups", "cache,bogus"], "unknown group \"bogus\""),
+        (vec!["--rounds", "0"], "--rounds must be within"),
+        (vec!["--connections", "65"], "--connections must be within"),
+    ] {
+        let o = Command::new(env!("CARGO_BIN_EXE_rebound"))
+            .args(["bench", "badpath", "--quick", "--out"])
+            .arg(&out)
+            .args(&args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{args:?} was accepted");
+        assert!(err.contains(expect), "{args:?}: {err}");
+        assert!(
+            o.stdout.is_empty(),
+            "{args:?}: refused only after running: {}",
+            String::from_utf8_lossy(&o.stdout)
+        );
+    }
+}
