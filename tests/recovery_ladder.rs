@@ -766,7 +766,7 @@ fn track_write(c: &mut Raw, cookie: u64, t: u64, byte: u8) -> u32 {
 /// only copy of an acknowledged write: the track is lost. The loss is
 /// recorded once (not once per destage tick), reads and FLUSH answer EIO
 /// rather than the older data on the device, other tracks are untouched,
-/// and the next write of the track ends the loss.
+/// and the next write (or TRIM) of the track ends the loss.
 #[test]
 fn a_damaged_nvs_record_with_no_cached_copy_makes_its_track_lost_until_rewritten() {
     const EIO: u32 = 5;
@@ -780,21 +780,43 @@ fn a_damaged_nvs_record_with_no_cached_copy_makes_its_track_lost_until_rewritten
     server
         .admin("inject fail device.queue-full count=unlimited")
         .unwrap();
-    assert_eq!(track_write(&mut c, 3, 7, 0x77), 0);
-    assert_eq!(track_write(&mut c, 4, 8, 0x88), 0);
     assert!(
         server
             .admin("inject corrupt-record 9")
             .unwrap_err()
             .contains("no record in the NVS")
     );
-    let answer = server.admin("inject corrupt-record 7").unwrap();
-    assert!(answer.contains("track 7"), "{answer}");
+    assert_eq!(track_write(&mut c, 3, 7, 0x77), 0);
+    assert_eq!(track_write(&mut c, 4, 8, 0x88), 0);
+    assert_eq!(track_write(&mut c, 30, 9, 0x99), 0);
+    for t in [7, 9] {
+        let answer = server.admin(&format!("inject corrupt-record {t}")).unwrap();
+        assert!(answer.contains(&format!("track {t}")), "{answer}");
+    }
     server.admin("inject clear").unwrap();
-    // Destage writes track 8 and finds track 7 lost.
-    let status = wait_status(&server, "track 7 lost", Duration::from_secs(20), |s| {
-        s.contains("lost tracks: 1 ") && s.contains(" 1 dirty tracks")
-    });
+    // Destage writes track 8 and finds tracks 7 and 9 lost.
+    let status = wait_status(
+        &server,
+        "tracks 7 and 9 lost",
+        Duration::from_secs(20),
+        |s| s.contains("lost tracks: 2 ") && s.contains(" 2 dirty tracks"),
+    );
+    assert!(status.contains(": 7, 9"), "{status}");
+    // A TRIM over track 9 ends its loss: it reads as zeroes.
+    c.request(raw::CMD_TRIM, 0, 31, 9 * 4096, 4096);
+    assert_eq!(c.simple_reply(0).1, 0);
+    let (error, data) = track_read(&mut c, 32, 9);
+    assert_eq!(error, 0);
+    assert!(
+        data.iter().all(|&b| b == 0),
+        "a trimmed track reads as zeroes"
+    );
+    let status = wait_status(
+        &server,
+        "track 9's loss to end",
+        Duration::from_secs(20),
+        |s| s.contains("lost tracks: 1 ") && s.contains(" 1 dirty tracks"),
+    );
     assert!(
         status.contains("NVS record damaged, no cached copy"),
         "{status}"
