@@ -99,6 +99,11 @@ pub struct ServeArgs {
     /// at most this long for their checkpoint, e.g. 20ms [default: 20ms].
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     checkpoint_interval: Option<std::time::Duration>,
+    /// How often the scrub checks the data of every dirty NVS record: a
+    /// damaged one is repaired from its cached copy, or its track reported
+    /// lost before a read or destage meets it; 0s: off [default: 60s].
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    scrub_interval: Option<std::time::Duration>,
     /// A task running longer than this is declared past its deadline and
     /// fails with a time-out at its next check (a stalled step of a request
     /// is redriven); 0s turns the watchdog off [default: 2s].
@@ -179,6 +184,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.checkpoint_interval {
             c.checkpoint_interval = v;
+        }
+        if let Some(v) = self.scrub_interval {
+            c.scrub_interval = v;
         }
         if let Some(v) = self.task_deadline {
             c.task_deadline = v;

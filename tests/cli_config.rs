@@ -38,6 +38,8 @@ fn bad_flag_values_are_refused_with_the_setting_named() {
         (vec!["--output-commit", "sometimes"], "possible values"),
         (vec!["--checkpoint-interval", "5"], "unknown unit"),
         (vec!["--checkpoint-interval", "50us"], "checkpoint_interval"),
+        (vec!["--scrub-interval", "10ms"], "scrub_interval"),
+        (vec!["--scrub-interval", "2d"], "unknown unit"),
         (vec!["--checkpoint-interval", "11s"], "checkpoint_interval"),
         (vec!["--task-deadline", "500us"], "task_deadline"),
         (vec!["--task-deadline", "2h"], "unknown unit"),

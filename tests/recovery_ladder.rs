@@ -904,3 +904,74 @@ fn a_lost_track_stays_lost_across_fast_and_hard_restarts() {
     assert_eq!(error, 0);
     assert!(data.iter().all(|&b| b == 0x7a));
 }
+
+/// The slot of the NVS record of `track` (the first slot naming it).
+fn nvs_slot(nvs: &std::path::Path, track: u64) -> Option<u64> {
+    let bytes = std::fs::read(nvs).unwrap();
+    bytes[4096..]
+        .chunks_exact(64 + 4096)
+        .position(|s| {
+            &s[0..4] == b"RBNV" && u64::from_le_bytes(s[16..24].try_into().unwrap()) == track
+        })
+        .map(|p| p as u64)
+}
+
+/// The scrub checks the dirty NVS records in the background: a record
+/// whose data is damaged is repaired in place from the cache frame holding
+/// the same data (so the destage that follows writes what was written),
+/// and one with no such frame makes its track lost before any read or
+/// destage meets it.
+#[test]
+fn the_scrub_repairs_a_damaged_record_from_the_cache_or_reports_the_loss() {
+    use std::os::unix::fs::FileExt;
+    let server = Server::start("16M", &["--scrub-interval", "100ms"]);
+    let mut c = Raw::go(&server.addr);
+    server
+        .admin("inject fail device.queue-full count=unlimited")
+        .unwrap();
+    assert_eq!(track_write(&mut c, 1, 3, 0x33), 0);
+    assert_eq!(track_write(&mut c, 2, 4, 0x44), 0);
+    // Track 3's record is damaged in the NVS; its frame (made when the
+    // write was applied) still holds the data.
+    let slot = nvs_slot(&server.nvs, 3).expect("track 3 has a record");
+    let data_at = 4096 + slot * (64 + 4096) + 64;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&server.nvs)
+        .unwrap();
+    f.write_all_at(&[0x00; 16], data_at + 100).unwrap();
+    let status = wait_status(&server, "the repair", Duration::from_secs(20), |s| {
+        s.contains("1 repaired from the cache")
+    });
+    assert!(!status.contains("lost tracks:"), "{status}");
+    let mut back = vec![0u8; 4096];
+    f.read_exact_at(&mut back, data_at).unwrap();
+    assert!(
+        back.iter().all(|&b| b == 0x33),
+        "the record holds the written data again"
+    );
+    // Track 4's record is damaged and its frame dropped: with destage held
+    // (no destage reads it) and no read, the scrub finds the loss.
+    server.admin("inject corrupt-record 4").unwrap();
+    let status = wait_status(&server, "the loss", Duration::from_secs(20), |s| {
+        s.contains("lost tracks: 1 ")
+    });
+    assert!(status.contains("track 4 lost"), "{status}");
+    assert!(status.contains("found by the scrub"), "{status}");
+    assert!(status.contains(", 1 lost;"), "{status}");
+    // Destage goes on: track 3 reaches the device as written.
+    server.admin("inject clear").unwrap();
+    let (error, data) = track_read(&mut c, 3, 3);
+    assert_eq!(error, 0);
+    assert!(data.iter().all(|&b| b == 0x33));
+    wait_status(&server, "track 3's destage", Duration::from_secs(20), |s| {
+        s.contains(" 1 dirty tracks")
+    });
+    let dev = std::fs::File::open(server.dir.path().join("data/device0.img")).unwrap();
+    dev.read_exact_at(&mut back, 3 * 4096).unwrap();
+    assert!(
+        back.iter().all(|&b| b == 0x33),
+        "the device holds what was written"
+    );
+}

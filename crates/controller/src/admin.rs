@@ -489,6 +489,7 @@ fn status(ctl: &Controller) -> String {
             "abandoned (next restart is hard)"
         },
     );
+    let _ = writeln!(out, "{}", ctl.scrub.describe(ctl.config().scrub_interval));
     let lost = crate::destage::lost_tracks(ctl);
     if !lost.is_empty() {
         let shown: Vec<String> = lost.iter().take(16).map(u64::to_string).collect();

@@ -30,6 +30,7 @@
 //! output_commit = "off"                    # rung 3: off | stall | buffering | logging | renaming
 //! checkpoint_interval = "20ms"             # longest epoch when output_commit is on
 //! commit_when_idle = true                  # also end an epoch once output waits and no request is in flight
+//! scrub_interval = "60s"                   # check every dirty NVS record's data this often (0s: off)
 //! # faults armed at start (as `rebound inject` would; for experiments):
 //! inject = ["panic cache.read rate=0.001 count=unlimited",
 //!           "group-fault cache rate=1e-4 duration=20ms"]
@@ -300,6 +301,10 @@ pub struct Config {
     /// Also commit as soon as output waits and no request is in the
     /// pipeline (at most every 100 µs), instead of only every interval.
     pub commit_when_idle: bool,
+    /// How often the scrub checks the data of every dirty NVS record
+    /// ([`crate::scrub`]); zero: off.
+    #[serde(deserialize_with = "de_duration")]
+    pub scrub_interval: Duration,
     /// Modelled device latency.
     pub device_latency: LatencyConfig,
     /// Faults armed at start, each as the words after `rebound inject`
@@ -340,6 +345,7 @@ impl Default for Config {
             output_commit: OutputCommitSetting::default(),
             checkpoint_interval: Duration::from_millis(20),
             commit_when_idle: true,
+            scrub_interval: Duration::from_secs(60),
             device_latency: LatencyConfig::default(),
             inject: Vec::new(),
         }
@@ -584,6 +590,15 @@ impl Config {
             return Err(invalid(
                 "checkpoint_interval",
                 "must be between 100us and 10s",
+            ));
+        }
+        if !self.scrub_interval.is_zero()
+            && (self.scrub_interval < Duration::from_millis(100)
+                || self.scrub_interval > Duration::from_secs(86_400))
+        {
+            return Err(invalid(
+                "scrub_interval",
+                "must be 0s (off) or between 100ms and 86400s",
             ));
         }
         if self.max_connections == 0 || self.max_connections > CONNECTIONS_MAX {

@@ -109,6 +109,7 @@ pub struct Controller {
     pub(crate) nvs: Nvs,
     pub(crate) cache: Cache,
     pub(crate) destage: DestageQueue,
+    pub(crate) scrub: crate::scrub::ScrubStats,
     pub(crate) journal: Arc<BoxJournal>,
     pub(crate) metrics: Metrics,
     pub(crate) export: ExportInfo,
@@ -373,6 +374,7 @@ impl Controller {
             nvs,
             cache,
             destage,
+            scrub: crate::scrub::ScrubStats::default(),
             journal,
             metrics: Metrics::default(),
             export,
@@ -449,6 +451,7 @@ impl Controller {
         crate::epoch::start(&ctl)?;
         crate::destage::start_tick(&ctl);
         crate::destage::kick(&ctl);
+        crate::scrub::start(&ctl);
         Ok(ctl)
     }
 
@@ -546,6 +549,10 @@ impl Controller {
             nvs: (total - u64::from(self.nvs.free_slots()), total),
             dirty_tracks: self.cache.dirty_tracks(),
             lost_tracks: crate::destage::lost_tracks(self).len() as u64,
+            scrub: (
+                self.scrub.checked.load(Ordering::Relaxed),
+                self.scrub.repaired.load(Ordering::Relaxed),
+            ),
             rungs: Rung::ALL
                 .iter()
                 .map(|&rung| match rung {

@@ -793,7 +793,7 @@ fn cache_read(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failur
                 // and no cached copy exists: no rollback or rebuild brings
                 // it back, and older data must not be returned in its place.
                 let track = first + i as u64;
-                crate::destage::note_lost(&ctl, track, slot, seq, "a read");
+                let _ = crate::destage::note_lost(&ctl, track, slot, seq, "a read");
                 req.reply(Err((
                     NbdError::Io,
                     "the track's data is lost (its NVS record is damaged)",

@@ -130,10 +130,11 @@ impl DestageQueue {
 
 /// `track`'s newest record (`slot`, `seq`) failed its data checksum and no
 /// cached copy exists: the track is lost (see the module doc). Recorded
-/// once per record; `found_by` names who found it.
-pub(crate) fn note_lost(ctl: &Controller, track: u64, slot: u32, seq: u64, found_by: &str) {
+/// once per record; `found_by` names who found it. Whether this call
+/// recorded it (false: known already).
+pub(crate) fn note_lost(ctl: &Controller, track: u64, slot: u32, seq: u64, found_by: &str) -> bool {
     if ctl.destage.lost.lock().insert(track, seq) == Some(seq) {
-        return;
+        return false;
     }
     tracing::error!(
         track,
@@ -150,6 +151,7 @@ pub(crate) fn note_lost(ctl: &Controller, track: u64, slot: u32, seq: u64, found
         Duration::ZERO,
         0,
     );
+    true
 }
 
 /// Tracks lost now, lowest first: the damaged record is still the track's
@@ -343,7 +345,7 @@ fn read_record(
                 tracing::error!(track, error = %e, "NVS record corrupt; destaging the cached copy");
                 Ok(())
             } else if let crate::nvs::NvsError::Damaged { slot, seq, .. } = e {
-                note_lost(ctl, track, slot, seq, "destage");
+                let _ = note_lost(ctl, track, slot, seq, "destage");
                 Err(std::io::Error::new(std::io::ErrorKind::InvalidData, e))
             } else {
                 Err(std::io::Error::other(e))

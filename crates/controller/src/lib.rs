@@ -14,7 +14,8 @@
 //! | [`ctlblock`] | request control blocks: a bounded pool, leaked blocks reclaimed by audit |
 //! | [`cache`] | cache directory, CLOCK read cache, control-block check words |
 //! | [`nvs`] | NVS: self-describing, checksummed records in a mapped file |
-//! | [`destage`] | destage of dirty tracks, FLUSH and FUA |
+//! | [`destage`] | destage of dirty tracks, FLUSH and FUA; lost tracks |
+//! | [`scrub`] | background check of the dirty NVS records: repair from the cache, or report the loss |
 //! | [`device`], [`volume`], [`raid`] | backend devices; the volume's layout (striped, mirror, rotated parity), degraded service and rebuild of a lost device |
 //! | [`devqueue`] | device submission queues: queue full (back off), unsolicited completions (ignored) |
 //! | [`controller`] | composition, start-up (fast restart from the recovery box, or hard restart from an NVS scan), shutdown |
@@ -54,6 +55,7 @@ pub mod pseudodev;
 pub mod raid;
 pub mod recovery;
 pub mod renamemap;
+pub mod scrub;
 pub mod server;
 pub mod system;
 pub mod timer;

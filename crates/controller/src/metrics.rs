@@ -110,6 +110,8 @@ pub struct Gauges {
     /// Tracks whose newest data is lost (a damaged NVS record, no cached
     /// copy; see [`crate::destage`]).
     pub lost_tracks: u64,
+    /// Scrub: NVS records checked, and damaged ones repaired from the cache.
+    pub scrub: (u64, u64),
     /// rcs metrics.
     pub rcs: Option<rcs::MetricsSnapshot>,
     /// Per rung: name, recoveries, seconds spent, requests affected.
@@ -351,6 +353,18 @@ impl Metrics {
                 g.lost_tracks,
             ),
             (
+                "rebound_scrub_records_checked_total",
+                "counter",
+                "Dirty NVS records whose data the scrub checked.",
+                g.scrub.0,
+            ),
+            (
+                "rebound_scrub_records_repaired_total",
+                "counter",
+                "Damaged NVS records the scrub repaired from their cached copy.",
+                g.scrub.1,
+            ),
+            (
                 "rebound_destage_errors_total",
                 "counter",
                 "Destage attempts that failed.",
@@ -521,6 +535,7 @@ mod tests {
             nvs: (10, 100),
             volume: (1, 300),
             lost_tracks: 2,
+            scrub: (40, 1),
             rungs: vec![RungTotals {
                 rung: 4,
                 name: "system",
@@ -541,6 +556,8 @@ mod tests {
         assert!(text.contains("rebound_volume_devices_degraded 1"));
         assert!(text.contains("rebound_volume_rebuild_slots_remaining 300"));
         assert!(text.contains("rebound_lost_tracks 2"));
+        assert!(text.contains("rebound_scrub_records_checked_total 40"));
+        assert!(text.contains("rebound_scrub_records_repaired_total 1"));
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let value = line.rsplit(' ').next().unwrap();
             assert!(value.parse::<f64>().is_ok(), "bad sample line {line:?}");

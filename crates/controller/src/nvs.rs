@@ -678,6 +678,13 @@ impl Nvs {
         let (seg, at) = Self::locate(slot);
         let map = self.segments[seg].lock();
         let rec = &map[at..at + SLOT_BYTES];
+        self.check_record(rec, slot, track, seq)?;
+        out.copy_from_slice(&rec[SLOT_HEADER_BYTES..]);
+        Ok(())
+    }
+
+    /// Whether `rec` (slot `slot`) holds the record (`track`, `seq`), whole.
+    fn check_record(&self, rec: &[u8], slot: u32, track: u64, seq: u64) -> Result<(), NvsError> {
         let corrupt = |reason| NvsError::Corrupt { slot, reason };
         let Some((s, t)) = self.validate_header(&rec[..SLOT_HEADER_BYTES]) else {
             return Err(corrupt("checksum or header mismatch"));
@@ -685,12 +692,37 @@ impl Nvs {
         if (s, t) != (seq, track) {
             return Err(corrupt("the slot holds another record"));
         }
-        let data = &rec[SLOT_HEADER_BYTES..];
-        if crc(data) != le_u32(rec, H_DATA_CRC) {
+        if crc(&rec[SLOT_HEADER_BYTES..]) != le_u32(rec, H_DATA_CRC) {
             return Err(NvsError::Damaged { slot, track, seq });
         }
-        out.copy_from_slice(data);
         Ok(())
+    }
+
+    /// Check the record in `slot` as [`Nvs::read_record`] does, without
+    /// copying its data out (the scrub).
+    pub fn verify_record(&self, slot: u32, track: u64, seq: u64) -> Result<(), NvsError> {
+        let (seg, at) = Self::locate(slot);
+        let map = self.segments[seg].lock();
+        self.check_record(&map[at..at + SLOT_BYTES], slot, track, seq)
+    }
+
+    /// Repair the damaged data of the record (`track`, `seq`) in `slot`
+    /// from `copy`, a copy of the data it was written with: written only if
+    /// the header still names that record and `copy` matches the data
+    /// checksum in the header (so the record becomes exactly what was
+    /// written; its header is not touched). Whether the record is whole.
+    pub fn repair_record(&self, slot: u32, track: u64, seq: u64, copy: &[u8]) -> bool {
+        assert_eq!(copy.len(), TRACK_BYTES, "a record holds one track");
+        let (seg, at) = Self::locate(slot);
+        let mut map = self.segments[seg].lock();
+        let rec = &mut map[at..at + SLOT_BYTES];
+        if self.validate_header(&rec[..SLOT_HEADER_BYTES]) != Some((seq, track))
+            || crc(copy) != le_u32(rec, H_DATA_CRC)
+        {
+            return false;
+        }
+        rec[SLOT_HEADER_BYTES..].copy_from_slice(copy);
+        true
     }
 
     /// Free slots (their records are destaged or superseded).
@@ -811,6 +843,37 @@ mod tests {
         nvs.read_record(r.slot, 1, 11, &mut out).unwrap();
         assert!(out.iter().all(|&b| b == 2));
         assert!(nvs.read_record(r.slot, 1, 99, &mut out).is_err());
+    }
+
+    #[test]
+    fn damaged_data_is_repaired_only_from_an_exact_copy() {
+        let dir = tempfile::tempdir().unwrap();
+        let (nvs, _) = open(dir.path());
+        let slots = nvs.reserve(1, Duration::from_secs(1)).unwrap();
+        nvs.write_record(slots[0], 4, 2, &[6; TRACK_BYTES]);
+        nvs.verify_record(slots[0], 2, 4).unwrap();
+        nvs.damage_slot(slots[0], SLOT_HEADER_BYTES + 7);
+        assert!(matches!(
+            nvs.verify_record(slots[0], 2, 4),
+            Err(NvsError::Damaged {
+                track: 2,
+                seq: 4,
+                ..
+            })
+        ));
+        assert!(matches!(
+            nvs.verify_record(slots[0], 2, 5),
+            Err(NvsError::Corrupt { .. })
+        ));
+        // Another record's name, or data that is not what was written: no.
+        assert!(!nvs.repair_record(slots[0], 2, 5, &[6; TRACK_BYTES]));
+        assert!(!nvs.repair_record(slots[0], 2, 4, &[7; TRACK_BYTES]));
+        assert!(nvs.verify_record(slots[0], 2, 4).is_err());
+        assert!(nvs.repair_record(slots[0], 2, 4, &[6; TRACK_BYTES]));
+        nvs.verify_record(slots[0], 2, 4).unwrap();
+        let mut out = vec![0u8; TRACK_BYTES];
+        nvs.read_record(slots[0], 2, 4, &mut out).unwrap();
+        assert!(out.iter().all(|&b| b == 6));
     }
 
     #[test]

@@ -1,0 +1,185 @@
+//! The scrub: background verification of the NVS records that hold dirty
+//! data (DESIGN.md's background component: "scrub, rebuild, statistics").
+//!
+//! A dirty record may be the only copy of an acknowledged write until its
+//! destage; under output commit, a degraded volume or a full device queue
+//! it can wait there a long time. Damage to it is otherwise found only when
+//! a read or the destage meets it, by which time the cache frame that holds
+//! the same data may be gone. So every `scrub_interval` (default 60 s,
+//! `0s`: off) a pass checks the data checksum of every dirty record the
+//! cache directory names, [`SCRUB_BATCH`] records per low-priority task of
+//! the `background` group:
+//!
+//! - intact: counted;
+//! - data damaged ([`NvsError::Damaged`]), and a cache frame holds the
+//!   record's data (it is the track's newest record): the record is
+//!   repaired in place from the frame, under the track's lock, only if the
+//!   frame matches the data checksum in the record's header, so the record
+//!   becomes exactly what was written (rung 1, recorded);
+//! - data damaged and no such frame: the track is lost
+//!   ([`crate::destage::note_lost`]): reads answer `EIO` from now on, not
+//!   after the data has been served from a frame that is then evicted;
+//! - the slot does not hold the record the directory names
+//!   ([`NvsError::Corrupt`]) while the directory still names it: the
+//!   directory may be what is wrong; the scrub logs and counts it, and the
+//!   read and destage paths escalate it (rung 3 or 4) when they meet it.
+//!
+//! A pass works on a snapshot of the directory: a record destaged or
+//! superseded meanwhile is skipped (its track's newest record is checked
+//! again before anything is decided). A pass stops early when a system
+//! recovery (rung 4) quiesces the controller or the server stops; the next
+//! pass starts an interval after a pass ends.
+//!
+//! [`NvsError::Damaged`]: crate::nvs::NvsError::Damaged
+//! [`NvsError::Corrupt`]: crate::nvs::NvsError::Corrupt
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use rcs::Priority;
+
+use crate::cache::Dirty;
+use crate::controller::Controller;
+use crate::nvs::NvsError;
+use crate::recovery::Rung;
+
+/// Records checked by one scrub task before it hands its worker back.
+pub const SCRUB_BATCH: usize = 1024;
+
+/// What the scrub has done since start.
+#[derive(Debug, Default)]
+pub struct ScrubStats {
+    /// Passes completed.
+    pub passes: AtomicU64,
+    /// Records whose data was checked.
+    pub checked: AtomicU64,
+    /// Damaged records repaired from a cache frame.
+    pub repaired: AtomicU64,
+    /// Damaged records with no copy (their tracks are lost).
+    pub lost: AtomicU64,
+    /// Directory entries naming a record their slot does not hold.
+    pub inconsistent: AtomicU64,
+}
+
+impl ScrubStats {
+    /// One line for `rebound status`.
+    pub fn describe(&self, interval: Duration) -> String {
+        if interval.is_zero() {
+            return "scrub: off".to_owned();
+        }
+        let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        format!(
+            "scrub: every {interval:?}; {} passes, {} records checked; damaged: {} repaired from the cache, {} lost; {} inconsistent directory entries",
+            n(&self.passes),
+            n(&self.checked),
+            n(&self.repaired),
+            n(&self.lost),
+            n(&self.inconsistent),
+        )
+    }
+}
+
+/// Start the scrub's timer (nothing when `scrub_interval` is zero).
+pub(crate) fn start(ctl: &Arc<Controller>) {
+    let interval = ctl.config.scrub_interval;
+    if !interval.is_zero() {
+        schedule(Arc::downgrade(ctl), ctl, interval);
+    }
+}
+
+fn schedule(weak: Weak<Controller>, ctl: &Controller, interval: Duration) {
+    ctl.timer.after(interval, move || {
+        let Some(ctl) = weak.upgrade() else { return };
+        if ctl.stopping.load(Ordering::Relaxed) {
+            return;
+        }
+        let records = ctl.cache.dirty_records();
+        submit(&ctl, records, Instant::now());
+    });
+}
+
+/// Run the rest of a pass (`records`, checked from the end) as a task.
+fn submit(ctl: &Arc<Controller>, records: Vec<(u64, Dirty)>, started: Instant) {
+    let c = Arc::clone(ctl);
+    let submitted = ctl.rt.submit_named(
+        ctl.groups.background,
+        Priority::Low,
+        "scrub.batch",
+        move |_ctx| {
+            batch(&c, records, started);
+            Ok(())
+        },
+    );
+    if submitted.is_err() {
+        // Shutting down (or the queue is full: try again next interval).
+        schedule(Arc::downgrade(ctl), ctl, ctl.config.scrub_interval);
+    }
+}
+
+fn batch(ctl: &Arc<Controller>, mut records: Vec<(u64, Dirty)>, started: Instant) {
+    let stats = &ctl.scrub;
+    for _ in 0..SCRUB_BATCH {
+        if ctl.stopping.load(Ordering::Relaxed) || ctl.system.is_quiescing() {
+            records.clear();
+            break;
+        }
+        let Some((track, d)) = records.pop() else {
+            break;
+        };
+        check(ctl, track, d);
+    }
+    if !records.is_empty() {
+        submit(ctl, records, started);
+        return;
+    }
+    stats.passes.fetch_add(1, Ordering::Relaxed);
+    tracing::debug!(elapsed = ?started.elapsed(), "scrub pass done");
+    if !ctl.stopping.load(Ordering::Relaxed) {
+        schedule(Arc::downgrade(ctl), ctl, ctl.config.scrub_interval);
+    }
+}
+
+/// Check one record the directory named when the pass began.
+fn check(ctl: &Controller, track: u64, d: Dirty) {
+    let stats = &ctl.scrub;
+    let still_newest = || ctl.cache.newest_record(track) == Some(d);
+    match ctl.nvs.verify_record(d.slot, track, d.seq) {
+        Ok(()) => {
+            stats.checked.fetch_add(1, Ordering::Relaxed);
+        }
+        Err(NvsError::Damaged { slot, seq, .. }) => {
+            stats.checked.fetch_add(1, Ordering::Relaxed);
+            if ctl.cache.repair_record(track, d, &ctl.nvs) {
+                stats.repaired.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(
+                    track,
+                    slot,
+                    seq,
+                    "scrub: NVS record failed its data checksum; repaired from its cached copy"
+                );
+                ctl.recoveries.record(
+                    Rung::Task,
+                    format!(
+                        "scrub: the NVS record of track {track} (slot {slot}, seq {seq}) failed its data checksum; repaired from its cached copy"
+                    ),
+                    Duration::ZERO,
+                    0,
+                );
+            } else if still_newest()
+                && crate::destage::note_lost(ctl, track, slot, seq, "the scrub")
+            {
+                stats.lost.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Err(e) => {
+            // Destaged or superseded since the snapshot: nothing to check.
+            if still_newest() {
+                stats.checked.fetch_add(1, Ordering::Relaxed);
+                stats.inconsistent.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(track, slot = d.slot, seq = d.seq, error = %e,
+                    "scrub: a directory entry names a record its NVS slot does not hold");
+            }
+        }
+    }
+}
