@@ -975,3 +975,37 @@ fn the_scrub_repairs_a_damaged_record_from_the_cache_or_reports_the_loss() {
         "the device holds what was written"
     );
 }
+
+/// A directory entry naming a record its NVS slot does not hold (state
+/// corruption) is found by the scrub, which escalates: without output
+/// commit a system recovery (rung 4) rebuilds the directory from the
+/// recovery box, so the track reads as written; without the scrub that
+/// read would be answered EIO.
+#[test]
+fn the_scrub_escalates_a_corrupt_directory_entry_before_a_read_meets_it() {
+    let server = Server::start("16M", &["--scrub-interval", "100ms"]);
+    let mut c = Raw::go(&server.addr);
+    server
+        .admin("inject fail device.queue-full count=unlimited")
+        .unwrap();
+    assert_eq!(track_write(&mut c, 1, 5, 0x55), 0);
+    let answer = server.admin("inject corrupt-directory 5").unwrap();
+    assert!(answer.contains("track 5"), "{answer}");
+    let status = wait_status(
+        &server,
+        "the scrub's escalation",
+        Duration::from_secs(20),
+        |s| rung_count(s, "system") == 1 && s.contains(" 1 inconsistent"),
+    );
+    assert!(
+        status.contains("the scrub found 1 directory entries"),
+        "{status}"
+    );
+    let (error, data) = track_read(&mut c, 2, 5);
+    assert_eq!(error, 0, "{}", server.admin("status").unwrap());
+    assert!(data.iter().all(|&b| b == 0x55));
+    server.admin("inject clear").unwrap();
+    wait_status(&server, "the destage", Duration::from_secs(20), |s| {
+        s.contains(" 0 dirty tracks")
+    });
+}

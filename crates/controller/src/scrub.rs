@@ -21,8 +21,12 @@
 //!   after the data has been served from a frame that is then evicted;
 //! - the slot does not hold the record the directory names
 //!   ([`NvsError::Corrupt`]) while the directory still names it: the
-//!   directory may be what is wrong; the scrub logs and counts it, and the
-//!   read and destage paths escalate it (rung 3 or 4) when they meet it.
+//!   in-memory directory is what is wrong (state corruption). The scrub
+//!   escalates, as a read that meets it does: a rollback (rung 3, the
+//!   entry marked suspect so the checkpoint's value is put back) under
+//!   output commit, else a system recovery (rung 4), which rebuilds the
+//!   directory from the recovery box or the NVS. Found by the scrub, the
+//!   damage is repaired before any read is answered `EIO` for it.
 //!
 //! A pass works on a snapshot of the directory: a record destaged or
 //! superseded meanwhile is skipped (its track's newest record is checked
@@ -119,6 +123,7 @@ fn submit(ctl: &Arc<Controller>, records: Vec<(u64, Dirty)>, started: Instant) {
 
 fn batch(ctl: &Arc<Controller>, mut records: Vec<(u64, Dirty)>, started: Instant) {
     let stats = &ctl.scrub;
+    let mut inconsistent = Vec::new();
     for _ in 0..SCRUB_BATCH {
         if ctl.stopping.load(Ordering::Relaxed) || ctl.system.is_quiescing() {
             records.clear();
@@ -127,7 +132,25 @@ fn batch(ctl: &Arc<Controller>, mut records: Vec<(u64, Dirty)>, started: Instant
         let Some((track, d)) = records.pop() else {
             break;
         };
-        check(ctl, track, d);
+        if !check(ctl, track, d) {
+            inconsistent.push(track);
+        }
+    }
+    if !inconsistent.is_empty() {
+        // State corruption: the rest of the pass would check a directory
+        // about to be rebuilt. The next pass checks the rebuilt one.
+        for &t in &inconsistent {
+            ctl.epochs.suspect(t);
+        }
+        crate::system::escalate(
+            ctl,
+            format!(
+                "the scrub found {} directory entries naming records their NVS slots do not hold (first: track {})",
+                inconsistent.len(),
+                inconsistent[0]
+            ),
+        );
+        records.clear();
     }
     if !records.is_empty() {
         submit(ctl, records, started);
@@ -140,8 +163,9 @@ fn batch(ctl: &Arc<Controller>, mut records: Vec<(u64, Dirty)>, started: Instant
     }
 }
 
-/// Check one record the directory named when the pass began.
-fn check(ctl: &Controller, track: u64, d: Dirty) {
+/// Check one record the directory named when the pass began. False: the
+/// directory entry is inconsistent (escalate).
+fn check(ctl: &Controller, track: u64, d: Dirty) -> bool {
     let stats = &ctl.scrub;
     let still_newest = || ctl.cache.newest_record(track) == Some(d);
     match ctl.nvs.verify_record(d.slot, track, d.seq) {
@@ -179,7 +203,9 @@ fn check(ctl: &Controller, track: u64, d: Dirty) {
                 stats.inconsistent.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(track, slot = d.slot, seq = d.seq, error = %e,
                     "scrub: a directory entry names a record its NVS slot does not hold");
+                return false;
             }
         }
     }
+    true
 }
