@@ -1009,3 +1009,46 @@ fn the_scrub_escalates_a_corrupt_directory_entry_before_a_read_meets_it() {
         s.contains(" 0 dirty tracks")
     });
 }
+
+/// The number of completed scrub passes in a `rebound status` answer.
+fn scrub_passes(status: &str) -> u64 {
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("scrub: every"))
+        .unwrap_or_else(|| panic!("no scrub line: {status}"));
+    let at = line.find("; ").expect("passes field") + 2;
+    line[at..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// A scrub task dropped unrun (here every dispatch of the background
+/// group fails: rung 2 recovers the group and drops its tasks) does not
+/// stop the scrub: once the faults stop, passes complete again.
+#[test]
+fn the_scrub_survives_its_tasks_being_dropped_by_group_recovery() {
+    let server = Server::start("16M", &["--scrub-interval", "100ms"]);
+    let mut c = Raw::go(&server.addr);
+    assert_eq!(track_write(&mut c, 1, 1, 0x11), 0);
+    wait_status(&server, "a first pass", Duration::from_secs(20), |s| {
+        scrub_passes(s) >= 1
+    });
+    server
+        .admin("inject group-fault background rate=1 duration=1ms")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let before = scrub_passes(&server.admin("status").unwrap());
+    std::thread::sleep(Duration::from_millis(500));
+    let status = server.admin("status").unwrap();
+    assert!(
+        scrub_passes(&status) <= before + 1,
+        "passes went on while every scrub task failed: {status}"
+    );
+    server.admin("inject clear").unwrap();
+    wait_status(&server, "passes again", Duration::from_secs(20), |s| {
+        scrub_passes(s) >= before + 2
+    });
+}

@@ -98,41 +98,68 @@ fn schedule(weak: Weak<Controller>, ctl: &Controller, interval: Duration) {
         if ctl.stopping.load(Ordering::Relaxed) {
             return;
         }
-        let records = ctl.cache.dirty_records();
-        submit(&ctl, records, Instant::now());
+        submit(Pass {
+            ctl: Arc::clone(&ctl),
+            records: None,
+            started: Instant::now(),
+            handed_on: false,
+        });
     });
 }
 
-/// Run the rest of a pass (`records`, checked from the end) as a task.
-fn submit(ctl: &Arc<Controller>, records: Vec<(u64, Dirty)>, started: Instant) {
-    let c = Arc::clone(ctl);
-    let submitted = ctl.rt.submit_named(
-        ctl.groups.background,
-        Priority::Low,
-        "scrub.batch",
-        move |_ctx| {
-            batch(&c, records, started);
-            Ok(())
-        },
-    );
-    if submitted.is_err() {
-        // Shutting down (or the queue is full: try again next interval).
-        schedule(Arc::downgrade(ctl), ctl, ctl.config.scrub_interval);
+/// The rest of a pass, owned by one task at a time. However its task ends
+/// (the pass done or cut short, a panic, the task dropped unrun by a group
+/// recovery, a refused submission), dropping it schedules the next pass,
+/// unless it was handed on to a following task: the scrub never stops
+/// while the server runs.
+struct Pass {
+    ctl: Arc<Controller>,
+    /// Records still to check (from the end); `None`: take a snapshot of
+    /// the directory first.
+    records: Option<Vec<(u64, Dirty)>>,
+    started: Instant,
+    handed_on: bool,
+}
+
+impl Drop for Pass {
+    fn drop(&mut self) {
+        let ctl = &self.ctl;
+        if !self.handed_on && !ctl.stopping.load(Ordering::Relaxed) {
+            schedule(Arc::downgrade(ctl), ctl, ctl.config.scrub_interval);
+        }
     }
 }
 
-fn batch(ctl: &Arc<Controller>, mut records: Vec<(u64, Dirty)>, started: Instant) {
+/// Run (the rest of) a pass as a low-priority task of the background group.
+fn submit(pass: Pass) {
+    let rt = pass.ctl.rt.clone();
+    let group = pass.ctl.groups.background;
+    // Refused (shutting down, queue full): the closure and its pass are
+    // dropped, which schedules the next pass.
+    let _ = rt.submit_named(group, Priority::Low, "scrub.batch", move |_ctx| {
+        batch(pass);
+        Ok(())
+    });
+}
+
+fn batch(mut pass: Pass) {
+    let ctl = Arc::clone(&pass.ctl);
     let stats = &ctl.scrub;
+    let mut records = pass
+        .records
+        .take()
+        .unwrap_or_else(|| ctl.cache.dirty_records());
     let mut inconsistent = Vec::new();
+    let mut cut_short = false;
     for _ in 0..SCRUB_BATCH {
         if ctl.stopping.load(Ordering::Relaxed) || ctl.system.is_quiescing() {
-            records.clear();
+            cut_short = true;
             break;
         }
         let Some((track, d)) = records.pop() else {
             break;
         };
-        if !check(ctl, track, d) {
+        if !check(&ctl, track, d) {
             inconsistent.push(track);
         }
     }
@@ -143,24 +170,30 @@ fn batch(ctl: &Arc<Controller>, mut records: Vec<(u64, Dirty)>, started: Instant
             ctl.epochs.suspect(t);
         }
         crate::system::escalate(
-            ctl,
+            &ctl,
             format!(
                 "the scrub found {} directory entries naming records their NVS slots do not hold (first: track {})",
                 inconsistent.len(),
                 inconsistent[0]
             ),
         );
-        records.clear();
+        cut_short = true;
     }
-    if !records.is_empty() {
-        submit(ctl, records, started);
+    if cut_short {
         return;
     }
-    stats.passes.fetch_add(1, Ordering::Relaxed);
-    tracing::debug!(elapsed = ?started.elapsed(), "scrub pass done");
-    if !ctl.stopping.load(Ordering::Relaxed) {
-        schedule(Arc::downgrade(ctl), ctl, ctl.config.scrub_interval);
+    if records.is_empty() {
+        stats.passes.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(elapsed = ?pass.started.elapsed(), "scrub pass done");
+        return;
     }
+    pass.handed_on = true;
+    submit(Pass {
+        ctl: Arc::clone(&ctl),
+        records: Some(records),
+        started: pass.started,
+        handed_on: false,
+    });
 }
 
 /// Check one record the directory named when the pass began. False: the
