@@ -1032,25 +1032,6 @@ impl Cache {
         shard.map.get(&track).and_then(|e| e.dirty.or(e.destaging))
     }
 
-    /// The scrub: repair `track`'s newest record `d` from the cache frame
-    /// holding the same data, under the track's lock (so `d` stays the
-    /// newest record while it is rewritten). Whether it was repaired.
-    pub fn repair_record(&self, track: u64, d: Dirty, nvs: &Nvs) -> bool {
-        let shard = self.shards[shard_of(track)].lock(Use::Write);
-        let Some(e) = shard.map.get(&track) else {
-            return false;
-        };
-        // A frame holds the newest record's data only.
-        if e.dirty.or(e.destaging) != Some(d) || e.frame == NO_FRAME {
-            return false;
-        }
-        let frame = &shard.frames[e.frame as usize];
-        if frame.track != track || frame.lrc != lrc(track, e.frame) {
-            return false;
-        }
-        nvs.repair_record(d.slot, track, d.seq, &frame.data)
-    }
-
     /// Fault injection: damage the data of `track`'s newest NVS record and
     /// drop its cached copy, so that no good copy of the track's newest
     /// data is left (memory corruption of the NVS). Returns the record.

@@ -13,9 +13,9 @@
 //! - intact: counted;
 //! - data damaged ([`NvsError::Damaged`]), and a cache frame holds the
 //!   record's data (it is the track's newest record): the record is
-//!   repaired in place from the frame, under the track's lock, only if the
-//!   frame matches the data checksum in the record's header, so the record
-//!   becomes exactly what was written (rung 1, recorded);
+//!   repaired in place from the frame's copy, only if the slot still holds
+//!   that record and the copy matches the data checksum in its header, so
+//!   the record becomes exactly what was written (rung 1, recorded);
 //! - data damaged and no such frame: the track is lost
 //!   ([`crate::destage::note_lost`]): reads answer `EIO` from now on, not
 //!   after the data has been served from a frame that is then evicted;
@@ -207,7 +207,13 @@ fn check(ctl: &Controller, track: u64, d: Dirty) -> bool {
         }
         Err(NvsError::Damaged { slot, seq, .. }) => {
             stats.checked.fetch_add(1, Ordering::Relaxed);
-            if ctl.cache.repair_record(track, d, &ctl.nvs) {
+            // The frame's copy; written back only if the slot still holds
+            // this record and the copy matches its data checksum, so a
+            // record superseded or freed meanwhile is left alone.
+            let mut copy = vec![0u8; crate::limits::TRACK_BYTES];
+            if ctl.cache.dirty_copy(track, d, &mut copy)
+                && ctl.nvs.repair_record(slot, track, seq, &copy)
+            {
                 stats.repaired.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(
                     track,
