@@ -188,15 +188,18 @@ fn dynamic_prefers_groups_under_sigma() {
         // choice; once c runs dry, running a twice is right (fewest running).
         let c_left = Arc::new(AtomicU64::new(1000));
         let measured = Arc::new(AtomicU64::new(0));
+        // Submitted in pairs (a, a, c, c, ...): a FIFO that ignores groups
+        // hands both workers the same group, while strictly alternating
+        // submissions could let two workers in lockstep never overlap.
         for n in 0..2000 {
+            let is_a = (n / 2) % 2 == 0;
             let (g, tracker, overlapping, c_left, measured) = (
-                if n % 2 == 0 { a } else { c },
+                if is_a { a } else { c },
                 Arc::clone(&tracker),
                 Arc::clone(&overlapping),
                 Arc::clone(&c_left),
                 Arc::clone(&measured),
             );
-            let is_a = n % 2 == 0;
             h.submit(g, Priority::Medium, move |_| {
                 if is_a {
                     let guard = tracker.enter();
