@@ -161,6 +161,14 @@ pub enum BuildError {
         /// The largest accepted.
         max: u32,
     },
+    /// More affiliate slots than the limit.
+    #[error("{value} affiliate slots requested; at most {max} are supported")]
+    Affiliates {
+        /// The value given.
+        value: usize,
+        /// The largest accepted.
+        max: usize,
+    },
     /// The OS refused a worker thread.
     #[error("could not start worker thread: {0}")]
     Spawn(#[from] std::io::Error),

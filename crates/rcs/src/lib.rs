@@ -16,6 +16,7 @@
 //! | Figures 6, 7 QoS loop counts | [`QosLoops`] |
 //! | §5.1 static, §5.2 partial-dynamic (Figure 8, lease), §5.3 dynamic; the performance-oriented baseline | [`Policy`], [`worker`](crate::worker) |
 //! | §2.2 time-outs: a task past its deadline | [`RuntimeBuilder::task_deadline`], [`deadline`] |
+//! | §4.1 tasks on the pools' CPUs; caller-runs on threads outside them | [`Handle::affiliate`], [`affiliate`] |
 //! | §6.3.3 fault injection (probability per dispatch, emulated recovery time) | [`GroupSpec::inject_faults`], [`Handle::inject`], [`fault`] |
 //!
 //! ## Model
@@ -81,10 +82,12 @@
 #![deny(unsafe_code)]
 
 pub mod admission;
+pub mod affiliate;
 mod cleanup;
 pub mod deadline;
 mod error;
 mod events;
+mod execute;
 mod failure;
 pub mod fault;
 mod group;
@@ -103,6 +106,7 @@ mod sync;
 mod task;
 pub mod worker;
 
+pub use affiliate::Affiliate;
 pub use error::{BuildError, ControlError, SubmitError};
 pub use events::{RecoveryEvent, RecoveryOutcome, RecoveryScope, SystemCause, SystemFailure};
 pub use failure::{Disposition, Failure, FailureClass};

@@ -8,6 +8,8 @@ use std::time::Duration;
 pub const GROUPS_MAX: usize = 64;
 /// Worker threads per runtime: the idle set is a `u64` bit mask.
 pub const WORKERS_MAX: usize = 64;
+/// Affiliate slots per runtime (threads outside the pools that run tasks).
+pub const AFFILIATES_MAX: usize = 4096;
 /// Resource pools per runtime (a pool has at least one worker).
 pub const POOLS_MAX: usize = WORKERS_MAX;
 /// Default capacity of one job queue (one group, one priority).

@@ -185,6 +185,8 @@ pub struct MetricsSnapshot {
     pub shared_queued: [usize; 3],
     /// Escalations to system-level recovery.
     pub system_escalations: u64,
+    /// Tasks dispatched by affiliated threads (counted in their groups too).
+    pub affiliated: u64,
 }
 
 impl MetricsSnapshot {

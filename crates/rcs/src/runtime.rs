@@ -39,8 +39,8 @@ use crate::fault::GroupFaults;
 use crate::group::{GroupId, GroupSpec, Priority, RecoveryHandler};
 use crate::idle::IdleSet;
 use crate::limits::{
-    GROUPS_MAX, IDLE_SPINS_DEFAULT, IDLE_SPINS_MAX, LOOP_COUNT_MAX, QUEUE_CAPACITY_DEFAULT,
-    QUEUE_CAPACITY_MAX, RECOVERY_EVENTS_MAX, SIGMA_MAX, WORKERS_MAX,
+    AFFILIATES_MAX, GROUPS_MAX, IDLE_SPINS_DEFAULT, IDLE_SPINS_MAX, LOOP_COUNT_MAX,
+    QUEUE_CAPACITY_DEFAULT, QUEUE_CAPACITY_MAX, RECOVERY_EVENTS_MAX, SIGMA_MAX, WORKERS_MAX,
 };
 use crate::mapping::Mapping;
 use crate::metrics::{
@@ -84,7 +84,8 @@ impl GroupState {
 /// A worker as the rest of the runtime sees it.
 pub(crate) struct WorkerSlot {
     pub(crate) thread: std::sync::OnceLock<Thread>,
-    pub(crate) pool: PoolId,
+    /// `None` for an affiliate's slot (see [`crate::affiliate`]).
+    pub(crate) pool: Option<PoolId>,
     pub(crate) stats: CachePadded<WorkerStats>,
     /// Which task the worker runs and whether it is overdue (see
     /// [`crate::deadline`]).
@@ -116,7 +117,10 @@ pub(crate) struct Shared {
     /// How long a task may run before it is declared past its deadline.
     pub(crate) task_deadline: Option<Duration>,
     pub(crate) idle_spins: u32,
+    /// The pool workers' slots, then the affiliates' slots.
     pub(crate) workers: Box<[WorkerSlot]>,
+    /// Free affiliate slots (indexes into `workers`).
+    pub(crate) affiliate_slots: Mutex<Vec<usize>>,
     pub(crate) pool_sizes: Vec<usize>,
     pub(crate) system_recovery: SystemRecovery,
     pub(crate) events: Mutex<VecDeque<RecoveryEvent>>,
@@ -286,6 +290,7 @@ pub struct RuntimeBuilder {
     task_deadline: Option<Duration>,
     hung_after: Option<Duration>,
     idle_spins: u32,
+    affiliates: usize,
     groups: Vec<GroupSpec>,
     system_recovery: Option<SystemRecovery>,
     observe_dependencies: bool,
@@ -323,6 +328,7 @@ impl Default for RuntimeBuilder {
             task_deadline: None,
             hung_after: None,
             idle_spins: IDLE_SPINS_DEFAULT,
+            affiliates: 0,
             groups: Vec::new(),
             system_recovery: None,
             observe_dependencies: false,
@@ -419,6 +425,15 @@ impl RuntimeBuilder {
     /// threads of the machine could use.
     pub fn idle_spins(&mut self, rounds: u32) -> &mut Self {
         self.idle_spins = rounds;
+        self
+    }
+
+    /// Slots for [affiliated threads](crate::affiliate): threads outside the
+    /// pools (connection readers, say) that run tasks of some groups
+    /// themselves through [`Handle::affiliate`] (default 0, at most
+    /// [`AFFILIATES_MAX`](crate::limits::AFFILIATES_MAX)).
+    pub fn affiliates(&mut self, slots: usize) -> &mut Self {
+        self.affiliates = slots;
         self
     }
 
@@ -602,6 +617,12 @@ impl RuntimeBuilder {
                 deadline: self.task_deadline,
             });
         }
+        if self.affiliates > AFFILIATES_MAX {
+            return Err(BuildError::Affiliates {
+                value: self.affiliates,
+                max: AFFILIATES_MAX,
+            });
+        }
         if self.idle_spins > IDLE_SPINS_MAX {
             return Err(BuildError::IdleSpins {
                 value: self.idle_spins,
@@ -641,12 +662,18 @@ impl RuntimeBuilder {
             .collect();
         let workers = pool_of_worker
             .iter()
-            .map(|&pool| WorkerSlot {
+            .map(|&pool| Some(pool))
+            .chain(std::iter::repeat_n(None, self.affiliates))
+            .map(|pool| WorkerSlot {
                 thread: std::sync::OnceLock::new(),
                 pool,
                 stats: CachePadded::new(WorkerStats::new(self.groups.len())),
                 clock: CachePadded::new(TaskClock::default()),
             })
+            .collect();
+        // Popped from the end: the lowest slot first.
+        let affiliate_slots = (pool_of_worker.len()..pool_of_worker.len() + self.affiliates)
+            .rev()
             .collect();
         let system_recovery = self.system_recovery.clone().unwrap_or_else(|| {
             Arc::new(|failure: &SystemFailure| {
@@ -675,6 +702,7 @@ impl RuntimeBuilder {
             task_deadline: self.task_deadline,
             idle_spins: self.idle_spins,
             workers,
+            affiliate_slots: Mutex::new(affiliate_slots),
             pool_sizes: layout.sizes.clone(),
             system_recovery,
             events: Mutex::new(VecDeque::with_capacity(RECOVERY_EVENTS_MAX)),
@@ -828,6 +856,14 @@ impl Handle {
     ) -> Result<(), SubmitError> {
         self.shared
             .submit_task(group, priority, kind, Box::new(body), None)
+    }
+
+    /// Claim an [affiliate](crate::affiliate) slot for the calling thread:
+    /// it then runs tasks of `groups` itself when their admission allows.
+    /// `None` when every slot is taken (or none were built), or on a worker
+    /// thread; submit as usual then.
+    pub fn affiliate(&self, groups: &[GroupId]) -> Option<crate::Affiliate> {
+        crate::Affiliate::claim(&self.shared, groups)
     }
 
     /// The id of the group named `name`.
@@ -984,7 +1020,10 @@ impl Handle {
             .iter()
             .enumerate()
             .map(|(p, &size)| {
-                let members = shared.workers.iter().filter(|w| w.pool.index() == p);
+                let members = shared
+                    .workers
+                    .iter()
+                    .filter(|w| w.pool == Some(PoolId(p as u16)));
                 let mut m = PoolMetrics {
                     id: PoolId(p as u16),
                     workers: size,
@@ -1015,6 +1054,12 @@ impl Handle {
             pools,
             shared_queued: std::array::from_fn(|p| shared.shared_queues[p].len()),
             system_escalations: shared.system_escalations.load(Ordering::Relaxed),
+            affiliated: shared
+                .workers
+                .iter()
+                .filter(|w| w.pool.is_none())
+                .flat_map(|w| w.stats.groups.iter().map(|c| c.dispatched.get()))
+                .sum(),
         }
     }
 

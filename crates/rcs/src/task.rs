@@ -44,6 +44,8 @@ pub struct TaskCtx<'a> {
     pub(crate) kind: &'static str,
     pub(crate) worker: usize,
     pub(crate) cleanups: &'a mut CleanupStack,
+    /// On an affiliated thread: follow-ups of the groups it runs stay here.
+    pub(crate) local: Option<&'a crate::execute::Local>,
 }
 
 impl std::fmt::Debug for TaskCtx<'_> {
@@ -118,6 +120,9 @@ impl TaskCtx<'_> {
     /// Submit a follow-up task (see [`Handle::submit`](crate::Handle::submit)).
     /// If this worker may run it, no parked peer is woken for it while its
     /// queue was empty: this worker dispatches it when the current task ends.
+    /// On an [affiliated thread](crate::Affiliate), a follow-up of a group
+    /// the thread runs stays on it: it runs there when the current task ends
+    /// if admission allows then, and is queued for the pools otherwise.
     pub fn submit(
         &self,
         group: GroupId,
@@ -136,8 +141,28 @@ impl TaskCtx<'_> {
         kind: &'static str,
         body: impl FnOnce(&mut TaskCtx<'_>) -> Result<(), Failure> + Send + 'static,
     ) -> Result<(), SubmitError> {
+        if let Some(local) = self.local
+            && local.groups & group.bit() != 0
+        {
+            if self
+                .shared
+                .shutdown
+                .load(std::sync::atomic::Ordering::Relaxed)
+            {
+                return Err(SubmitError::ShuttingDown);
+            }
+            let task = Task {
+                body: Box::new(body),
+                kind,
+                group,
+            };
+            local.tasks.borrow_mut().push_back((task, priority));
+            return Ok(());
+        }
+        // An affiliate is no pool worker: it never runs a queued task later.
+        let submitter = self.local.is_none().then_some(self.worker);
         self.shared
-            .submit_task(group, priority, kind, Box::new(body), Some(self.worker))
+            .submit_task(group, priority, kind, Box::new(body), submitter)
     }
 
     /// A handle to the runtime, for work that outlives the task.

@@ -24,23 +24,19 @@
 //! A round that finds nothing makes the worker spin a few rounds (no
 //! yields), then park (see [`idle`](crate::idle)).
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::Once;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use crate::admission::Sigma;
-use crate::cleanup::CleanupStack;
-use crate::events::SystemCause;
-use crate::failure::{Disposition, Failure, FailureClass};
-use crate::fault::spend;
-use crate::group::{GroupId, Priority};
+use crate::execute::Executor;
+use crate::group::Priority;
 use crate::limits::{BUSY_FLUSH_DISPATCHES, PARK_TIMEOUT};
 use crate::policy::Policy;
 use crate::pool::PoolId;
 use crate::runtime::Shared;
-use crate::task::{IN_TASK, Task, TaskCtx, WORKER, WorkerTls};
+use crate::task::{IN_TASK, Task, WORKER, WorkerTls};
 
 /// The next group of `mask` at or after `cursor`, cyclically.
 #[inline]
@@ -56,12 +52,9 @@ pub(crate) struct Worker {
     pool: PoolId,
     cursor: u32,
     lease_left: u32,
-    rng: fastrand::Rng,
-    cleanups: CleanupStack,
+    exec: Executor,
     busy_since: Option<Instant>,
     dispatches_since_flush: u32,
-    /// Tasks this worker started under a deadline (numbers its task clock).
-    tasks_started: u64,
 }
 
 /// Tasks queued in the structure the current policy does not use (a
@@ -85,11 +78,9 @@ impl Worker {
             pool,
             cursor: index as u32,
             lease_left: 0,
-            rng: fastrand::Rng::new(),
-            cleanups: CleanupStack::default(),
+            exec: Executor::new(index),
             busy_since: None,
             dispatches_since_flush: 0,
-            tasks_started: 0,
         }
     }
 
@@ -296,114 +287,14 @@ impl Worker {
         false
     }
 
-    /// Run an admitted task to its end, including fault emulation, its
-    /// clean-ups on failure and the recovery its failure starts.
+    /// Run an admitted task to its end (see [`crate::execute`]), within the
+    /// worker's busy streak.
     fn run_task(&mut self, sh: &Arc<Shared>, task: Task) {
         self.start_busy_streak();
-        let g = task.group;
-        let group = &sh.groups[g.index()];
-        sh.worker_counters(self.index, g).dispatched.bump();
-
-        let emulated = group.faults.recovery_time();
-        let epoch_at_start = emulated.map(|_| group.recovery_epoch.load(Ordering::SeqCst));
-        let dispatched_in_recovery =
-            emulated.is_some() && sh.recovering.load(Ordering::SeqCst) & g.bit() != 0;
-        if let (true, Some(d)) = (dispatched_in_recovery, emulated) {
-            // §6.3.3: tasks dispatched during the recovery take d as well.
-            spend(d);
-        }
-        let injected =
-            group.faults.probability_threshold() != 0 && group.faults.fires(self.rng.u32(..));
-        let result = if injected {
-            sh.worker_counters(self.index, g).injected.bump();
-            drop(task);
-            Err(Failure::internal_logic("fault injected at dispatch"))
-        } else {
-            self.execute(sh, task)
-        };
-        if let (Some(d), Some(epoch)) = (emulated, epoch_at_start)
-            && !dispatched_in_recovery
-            && !injected
-            && group.recovery_epoch.load(Ordering::SeqCst) != epoch
-        {
-            // §6.3.3: tasks running when the recovery began take d as well.
-            spend(d);
-        }
-        self.finish(sh, g, result);
-        group.admission.release();
-
+        self.exec.run_admitted(sh, task, None);
         self.dispatches_since_flush += 1;
         if self.dispatches_since_flush >= BUSY_FLUSH_DISPATCHES {
             self.end_busy_streak(sh);
-        }
-    }
-
-    /// Run the body with its context; on failure, unwind the task's
-    /// top-level clean-up blocks.
-    fn execute(&mut self, sh: &Arc<Shared>, task: Task) -> Result<(), Failure> {
-        let Task { body, kind, group } = task;
-        debug_assert!(
-            self.cleanups.is_empty(),
-            "clean-up stack leaked between tasks"
-        );
-        set_current(Some(group), kind);
-        let mut ctx = TaskCtx {
-            shared: sh,
-            group,
-            kind,
-            worker: self.index,
-            cleanups: &mut self.cleanups,
-        };
-        let clock = sh.task_deadline.map(|_| &sh.workers[self.index].clock);
-        if let Some(c) = clock {
-            self.tasks_started += 1;
-            c.start(group.index(), self.tasks_started);
-        }
-        IN_TASK.with(|t| t.set(true));
-        let outcome = catch_unwind(AssertUnwindSafe(|| body(&mut ctx)));
-        IN_TASK.with(|t| t.set(false));
-        let result = match outcome {
-            Ok(result) => result,
-            Err(payload) => Err(Failure::from_panic(&*payload)),
-        };
-        let result = match result {
-            Ok(()) => {
-                self.cleanups.discard_to(0);
-                Ok(())
-            }
-            Err(failure) => match self.cleanups.unwind_to(0) {
-                Ok(()) => Err(failure),
-                Err(cleanup_failure) => Err(cleanup_failure),
-            },
-        };
-        set_current(None, "");
-        if let Some(c) = clock {
-            c.stop();
-        }
-        result
-    }
-
-    /// Account for the task's end; a failure at the top of the task becomes
-    /// group recovery, or system-level recovery if it was headed there.
-    fn finish(&mut self, sh: &Arc<Shared>, g: GroupId, result: Result<(), Failure>) {
-        let counters = sh.worker_counters(self.index, g);
-        let Err(failure) = result else {
-            counters.completed.bump();
-            return;
-        };
-        match (failure.class(), failure.disposition()) {
-            (FailureClass::GroupRecovering, Disposition::Escalate | Disposition::Abort) => {
-                counters.cancelled.bump();
-            }
-            (_, Disposition::Abort) => counters.aborted.bump(),
-            (_, Disposition::System) => {
-                counters.failed.bump();
-                sh.escalate_system(Some(g), SystemCause::TaskEscalated, failure);
-            }
-            (_, Disposition::Escalate) => {
-                counters.failed.bump();
-                sh.recover_group(g, failure, 1);
-            }
         }
     }
 
@@ -480,16 +371,6 @@ fn fewest_running(sh: &Shared, mask: u64) -> u32 {
         }
     }
     best.1
-}
-
-/// Record the running task in the worker's thread-local state.
-fn set_current(group: Option<GroupId>, kind: &'static str) {
-    WORKER.with(|w| {
-        if let Some(tls) = w.borrow().as_ref() {
-            tls.group.set(group);
-            tls.kind.set(kind);
-        }
-    });
 }
 
 /// Panics inside task bodies are task failures, handled and counted by the
