@@ -79,6 +79,11 @@ pub struct ServeArgs {
     /// Most concurrent NBD connections [default: 64].
     #[arg(long, value_name = "N")]
     max_connections: Option<usize>,
+    /// Threads per connection: they take turns reading requests and run
+    /// them, so one waiting on a device does not hold up the others
+    /// [default: 4].
+    #[arg(long, value_name = "N")]
+    connection_threads: Option<usize>,
     /// Outstanding reads and writes per backend device; a full queue makes
     /// an I/O back off and retry (rung 1) [default: 32].
     #[arg(long, value_name = "N")]
@@ -165,6 +170,7 @@ impl ServeArgs {
             workers,
             policy,
             max_connections,
+            connection_threads,
             device_queue_depth,
             control_blocks
         );

@@ -30,6 +30,8 @@ fn bad_flag_values_are_refused_with_the_setting_named() {
         (vec!["--policy", "fastest"], "policy"),
         (vec!["--nvs-size", "1M"], "nvs_size"),
         (vec!["--devices", "0"], "devices"),
+        (vec!["--connection-threads", "0"], "connection_threads"),
+        (vec!["--connection-threads", "65"], "connection_threads"),
         (vec!["--listen", "not-an-address"], "invalid socket address"),
         (vec!["--flush", "sometimes"], "possible values"),
         (vec!["--inject", "crash"], "invalid setting inject"),

@@ -25,6 +25,7 @@
 //! flush = "devices"
 //! direct_io = false
 //! max_connections = 64
+//! connection_threads = 4                   # per connection: read requests in turns, run them
 //! device_queue_depth = 32                  # per device; a full queue backs off (rung 1)
 //! control_blocks = 4096                    # requests in flight, all connections
 //! output_commit = "off"                    # rung 3: off | stall | buffering | logging | renaming
@@ -46,8 +47,8 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::limits::{
-    CONNECTIONS_MAX, CONTROL_BLOCKS_MAX, DEVICE_QUEUE_DEPTH_MAX, DEVICES_MAX, MAX_PAYLOAD_BYTES,
-    TRACK_BYTES, VOLUME_BYTES_MAX, WORKERS_MAX,
+    CONNECTION_THREADS_MAX, CONNECTIONS_MAX, CONTROL_BLOCKS_MAX, DEVICE_QUEUE_DEPTH_MAX,
+    DEVICES_MAX, MAX_PAYLOAD_BYTES, TRACK_BYTES, VOLUME_BYTES_MAX, WORKERS_MAX,
 };
 
 /// Parse a size such as `4096`, `512K`, `256M`, `1G`, `1GiB`, `2T`
@@ -286,6 +287,9 @@ pub struct Config {
     pub direct_io: bool,
     /// Most concurrent NBD connections.
     pub max_connections: usize,
+    /// Threads per connection: they take turns reading requests and run
+    /// them (see `connection`).
+    pub connection_threads: usize,
     /// Outstanding reads and writes per backend device (its submission
     /// queue); a full queue makes the I/O back off and retry.
     pub device_queue_depth: u32,
@@ -340,6 +344,7 @@ impl Default for Config {
             flush: FlushPolicy::Devices,
             direct_io: false,
             max_connections: 64,
+            connection_threads: 4,
             device_queue_depth: 32,
             control_blocks: 4096,
             output_commit: OutputCommitSetting::default(),
@@ -605,6 +610,12 @@ impl Config {
             return Err(invalid(
                 "max_connections",
                 format!("must be in 1..={CONNECTIONS_MAX}"),
+            ));
+        }
+        if self.connection_threads == 0 || self.connection_threads > CONNECTION_THREADS_MAX {
+            return Err(invalid(
+                "connection_threads",
+                format!("must be in 1..={CONNECTION_THREADS_MAX}"),
             ));
         }
         if self.device_latency.fixed_us > 10_000_000 || self.device_latency.per_kib_us > 1_000_000 {

@@ -1,13 +1,21 @@
 //! One NBD connection: the handshake, then the transmission phase.
 //!
-//! A reader thread per connection frames requests off the socket (the host
-//! adapter's hardware, in the papers' controller): it reads a header and,
-//! for a WRITE, its payload; then, inside the admission gate of rung 4
-//! ([`crate::system`]), reserves the WRITE's NVS slots and submits the
-//! request to the host group. The reader waits for NVS space itself, before
-//! reading the next request, so a full NVS pushes back on the client through
-//! TCP and no worker ever waits for NVS space; it waits outside the gate, so
-//! a system recovery never waits behind a full NVS.
+//! A connection has a few threads (`connection_threads`; the host
+//! adapter's hardware, in the papers' controller) that take the socket's
+//! read side in turns. The thread holding it frames one request: a header
+//! and, for a WRITE, its payload; it lets the read side go, then, inside the
+//! admission gate of rung 4 ([`crate::system`]), reserves the WRITE's NVS
+//! slots and enters the request in the pipeline; outside the gate it runs
+//! the request as an affiliate of the task runtime (`rcs::affiliate`):
+//! each stage runs on this thread when its group admits it there, as it
+//! would on a worker, and is queued for the workers otherwise (a group
+//! recovering or with faults armed, sigma reached under the static
+//! policies, a redrive, a modelled device delay). A thread waits for NVS
+//! space itself, so a full NVS pushes back on the client through TCP (every
+//! thread ends up waiting) and no worker ever waits for NVS space; it waits
+//! outside the gate, so a system recovery never waits behind a full NVS.
+//! While one thread waits (a device read, a flush), the others keep
+//! reading.
 //!
 //! Replies are written by whichever task finishes a request. Replies queue
 //! on the connection; the first writer to find no one sending becomes the
@@ -225,10 +233,32 @@ pub fn serve(ctl: Arc<Controller>, stream: TcpStream, id: u64) {
         inflight: AtomicU32::new(0),
         id,
     });
-    let reason = read_loop(
-        &conn,
-        BufReader::with_capacity(CONNECTION_READ_BUFFER_BYTES, &stream),
-    );
+    let input = Mutex::new(Input {
+        r: BufReader::with_capacity(CONNECTION_READ_BUFFER_BYTES, &stream),
+        done: false,
+    });
+    let threads = conn.ctl.config.connection_threads.max(1);
+    let reason = std::thread::scope(|scope| {
+        let helpers: Vec<_> = (1..threads)
+            .filter_map(|k| {
+                let spawned = std::thread::Builder::new()
+                    .name(format!("nbd-conn-{id}.{k}"))
+                    .spawn_scoped(scope, || read_loop(&conn, &input));
+                // Without the thread the connection is served by fewer.
+                spawned
+                    .inspect_err(|e| tracing::warn!(conn = id, error = %e, "could not start a connection thread"))
+                    .ok()
+            })
+            .collect();
+        let mut reason = read_loop(&conn, &input);
+        for h in helpers {
+            let theirs = h.join().unwrap_or(Ok(()));
+            if reason.is_ok() {
+                reason = theirs;
+            }
+        }
+        reason
+    });
     conn.wait_idle();
     if let Err(e) = reason {
         tracing::warn!(conn = id, error = %e, "closing the connection");
@@ -249,56 +279,105 @@ enum Violation {
     PayloadTooLarge(u32),
 }
 
+/// The read side of a connection, taken in turns by its threads.
+struct Input<'a> {
+    r: BufReader<&'a TcpStream>,
+    /// The client disconnected or violated the protocol: stop reading.
+    done: bool,
+}
+
 /// Read requests until the client disconnects (Ok) or violates the
-/// protocol (Err). I/O errors are a disconnect.
-fn read_loop(conn: &Arc<Connection>, mut r: impl Read) -> Result<(), Violation> {
+/// protocol (Err), and run them. I/O errors are a disconnect.
+///
+/// Each of the connection's threads runs this loop: it takes the read side,
+/// frames one request (its payload too), lets the read side go to the next
+/// thread and runs the request itself as an affiliate of the runtime: every
+/// stage whose group admits it runs on this thread (no hand-off to a worker
+/// on the good path; see `rcs::affiliate`), the rest are queued for the
+/// workers. While one thread waits (a device read, an fsync, NVS space),
+/// the others keep reading.
+fn read_loop(conn: &Arc<Connection>, input: &Mutex<Input<'_>>) -> Result<(), Violation> {
     let ctl = &conn.ctl;
+    let g = ctl.groups;
+    let mut affiliate = ctl.rt.affiliate(&[g.host, g.cache, g.nvs, g.device]);
     let mut raw = [0u8; REQUEST_BYTES];
     loop {
-        if r.read_exact(&mut raw).is_err() {
-            return Ok(());
-        }
-        let header = RequestHeader::parse(&raw).ok_or(Violation::BadMagic)?;
-        if header.kind == cmd::DISC {
-            return Ok(());
-        }
-        while conn.inflight.load(Ordering::Acquire) >= INFLIGHT_PER_CONNECTION_MAX {
-            std::thread::sleep(Duration::from_micros(20));
-        }
-        let mut req = Box::new(Request::new(Arc::clone(conn), header));
-        conn.inflight.fetch_add(1, Ordering::AcqRel);
-        let mut slots = 0;
-        if header.kind == cmd::WRITE && header.length > 0 {
-            match read_write_payload(ctl, &mut req, &mut r) {
-                Ok(Some(n)) => slots = n,
-                Ok(None) => {
-                    // Disconnected mid-payload: nothing to answer.
-                    req.abandon();
-                    return Ok(());
-                }
-                Err(v) => {
-                    // A hard disconnect: no reply.
-                    req.abandon();
-                    return Err(v);
-                }
+        let (req, slots) = {
+            let mut input = input.lock();
+            if input.done {
+                return Ok(());
             }
-        }
-        admit(ctl, req, slots);
+            let read = next_request(conn, &mut input.r, &mut raw);
+            if !matches!(read, Ok(Some(_))) {
+                input.done = true;
+            }
+            match read {
+                Ok(Some(framed)) => framed,
+                Ok(None) => return Ok(()),
+                Err(v) => return Err(v),
+            }
+        };
+        admit(ctl, req, slots, affiliate.as_mut());
     }
 }
 
+/// Frame the next request and the NVS slots it needs. `Ok(None)`: the
+/// client disconnected (or sent DISC).
+fn next_request(
+    conn: &Arc<Connection>,
+    r: &mut impl Read,
+    raw: &mut [u8; REQUEST_BYTES],
+) -> Result<Option<(Box<Request>, u32)>, Violation> {
+    if r.read_exact(raw).is_err() {
+        return Ok(None);
+    }
+    let header = RequestHeader::parse(raw).ok_or(Violation::BadMagic)?;
+    if header.kind == cmd::DISC {
+        return Ok(None);
+    }
+    while conn.inflight.load(Ordering::Acquire) >= INFLIGHT_PER_CONNECTION_MAX {
+        std::thread::sleep(Duration::from_micros(20));
+    }
+    let mut req = Box::new(Request::new(Arc::clone(conn), header));
+    conn.inflight.fetch_add(1, Ordering::AcqRel);
+    let mut slots = 0;
+    if header.kind == cmd::WRITE && header.length > 0 {
+        match read_write_payload(&conn.ctl, &mut req, r) {
+            Ok(Some(n)) => slots = n,
+            Ok(None) => {
+                // Disconnected mid-payload: nothing to answer.
+                req.abandon();
+                return Ok(None);
+            }
+            Err(v) => {
+                // A hard disconnect: no reply.
+                req.abandon();
+                return Err(v);
+            }
+        }
+    }
+    Ok(Some((req, slots)))
+}
+
 /// Take a control block for `req`, reserve `slots` NVS slots for it and
-/// submit it, inside the admission gate; wait for a block or NVS space
-/// outside it.
-fn admit(ctl: &Arc<Controller>, mut req: Box<Request>, slots: u32) {
+/// enter it in the pipeline, inside the admission gate (wait for a block or
+/// NVS space outside it); then start it, outside the gate: its first stages
+/// may run on this thread (`affiliate`), and a recovery that closes the
+/// gate meanwhile finds it counted and parks it at its next stage.
+fn admit(
+    ctl: &Arc<Controller>,
+    mut req: Box<Request>,
+    slots: u32,
+    affiliate: Option<&mut rcs::Affiliate>,
+) {
     take_block(ctl, &mut req);
     loop {
-        let _admission = ctl.system.admission();
+        let admission = ctl.system.admission();
         if slots > 0 {
             match ctl.nvs.reserve(slots, Duration::from_millis(10)) {
                 Ok(reserved) => req.slots = reserved,
                 Err(crate::nvs::NvsError::Timeout(_)) => {
-                    drop(_admission);
+                    drop(admission);
                     crate::destage::kick(ctl);
                     continue;
                 }
@@ -307,7 +386,9 @@ fn admit(ctl: &Arc<Controller>, mut req: Box<Request>, slots: u32) {
                 }
             }
         }
-        datapath::submit(req);
+        datapath::enter(&mut req);
+        drop(admission);
+        datapath::start(req, affiliate);
         return;
     }
 }

@@ -168,6 +168,11 @@ fn build_runtime(
         .policy(policy)
         .queue_capacity(16_384)
         .idle_spins(config.idle_spins)
+        // One per connection thread (see `connection`); past that, threads
+        // queue their requests for the workers.
+        .affiliates(
+            (config.max_connections * config.connection_threads).min(rcs::limits::AFFILIATES_MAX),
+        )
         .task_deadline(Some(config.task_deadline).filter(|d| !d.is_zero()))
         .hung_after(config.hung_after())
         .thread_name("rebound-worker");

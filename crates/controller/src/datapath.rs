@@ -648,15 +648,36 @@ fn next(ctx: &mut TaskCtx<'_>, req: Box<Request>, at: StageRef) {
     }
 }
 
-/// Submit a received request (called by the connection's reader thread).
-/// If the runtime refuses it (shutting down), the dropped request's
-/// clean-up block answers the client.
-pub(crate) fn submit(mut req: Box<Request>) {
-    let ctl = Arc::clone(req.ctl());
-    ctl.system.entered();
+/// Count a received request in the pipeline (called by the connection's
+/// reader thread inside the admission gate; see [`crate::system`]).
+pub(crate) fn enter(req: &mut Request) {
+    req.ctl().system.entered();
     req.counted = true;
+}
+
+/// Start an [entered](enter) request at `host.receive`. With the reader's
+/// affiliate slot, its host, cache and NVS stages run on the reader thread
+/// when their admission allows (see `rcs::affiliate`); the rest are queued
+/// for the workers. If the runtime refuses it (shutting down), the dropped
+/// request's clean-up block answers the client.
+pub(crate) fn start(req: Box<Request>, affiliate: Option<&mut rcs::Affiliate>) {
+    debug_assert!(
+        req.counted,
+        "a request starts after it entered the pipeline"
+    );
+    let ctl = Arc::clone(req.ctl());
     let at = stage!(ctl.groups.host, Priority::High, receive, "host.receive");
-    submit_stage(&ctl.rt, req, at, "a request");
+    match affiliate {
+        Some(a) => {
+            let run = a.run_named(at.group, at.priority, at.name, move |ctx| {
+                run_stage(ctx, req, at)
+            });
+            if let Err(e) = run {
+                tracing::warn!(error = %e, "a request was refused by the task runtime");
+            }
+        }
+        None => submit_stage(&ctl.rt, req, at, "a request"),
+    }
 }
 
 /// Submit a parked request at the stage it was parked for (rung 4).

@@ -16,6 +16,8 @@ pub const DEVICES_MAX: u32 = 64;
 pub const WORKERS_MAX: usize = 64;
 /// Most concurrent NBD connections.
 pub const CONNECTIONS_MAX: usize = 1024;
+/// Threads per connection.
+pub const CONNECTION_THREADS_MAX: usize = 64;
 /// Requests in flight per connection before the reader stops reading.
 pub const INFLIGHT_PER_CONNECTION_MAX: u32 = 256;
 /// Cache directory shards (a power of two).

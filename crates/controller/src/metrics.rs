@@ -491,6 +491,11 @@ fn render_rcs(out: &mut String, r: &rcs::MetricsSnapshot) {
     }
     let _ = writeln!(
         out,
+        "# HELP rebound_rcs_affiliated_total Tasks run by connection threads themselves (counted in their groups too).\n# TYPE rebound_rcs_affiliated_total counter\nrebound_rcs_affiliated_total {}",
+        r.affiliated
+    );
+    let _ = writeln!(
+        out,
         "# HELP rebound_rcs_recovery_seconds Group recovery time.\n# TYPE rebound_rcs_recovery_seconds summary"
     );
     for g in &r.groups {
