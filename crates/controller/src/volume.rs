@@ -1161,13 +1161,22 @@ impl Inner {
                 return Stopped::Done; // lost again; a new rebuild starts over
             }
             if slot < slots {
-                let rebuilt = match self.layout.owner(d, slot) {
+                let owner = self.layout.owner(d, slot);
+                // The lock the writes of this slot take, held until the
+                // slot counts as rebuilt: a write in between would see the
+                // slot missing and skip it (parity: write only the parity)
+                // after the rebuild had copied the old data into it.
+                let mut guard = match owner {
+                    Owner::Unused => None,
+                    Owner::Copy { track, .. } => Some(self.lock(track)),
+                    Owner::Stripe(stripe) => Some(self.lock(stripe)),
+                };
+                let rebuilt = match owner {
                     Owner::Unused => {
                         buf.fill(0);
                         self.write_slot(d, slot, &buf)
                     }
                     Owner::Copy { track, from } => {
-                        let _g = self.lock(track);
                         if self.usable(from.0, from.1) == Use::Missing {
                             break Err(Stopped::Fatal(format!(
                                 "track {track}: its other copy is lost too"
@@ -1182,7 +1191,6 @@ impl Inner {
                     // left half written.
                     Owner::Stripe(stripe) if m.ahead.lock().contains(&stripe) => Ok(()),
                     Owner::Stripe(stripe) => {
-                        let _g = self.lock(stripe);
                         let rest = self
                             .layout
                             .stripe_devices(stripe)
@@ -1193,6 +1201,9 @@ impl Inner {
                             .and_then(|()| self.write_slot(d, slot, &buf))
                     }
                 };
+                if rebuilt.is_err() {
+                    guard = None;
+                }
                 match rebuilt {
                     Ok(()) => {}
                     Err(Fault::Device(x, e)) if x != d => {
@@ -1212,6 +1223,7 @@ impl Inner {
                 }
                 slot += 1;
                 m.rebuilt.store(slot, Ordering::Release);
+                drop(guard.take());
                 let rate = self.rebuild_rate.load(Ordering::Relaxed);
                 if rate > 0 {
                     let due = Duration::from_secs_f64(
