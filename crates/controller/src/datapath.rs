@@ -1051,7 +1051,7 @@ fn cache_apply(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failu
     // Invalidated by the apply, under the lock; given back now, or at the
     // epoch's commit under output commit.
     ctl.epochs.retire(&ctl, &free);
-    crate::destage::kick(&ctl);
+    crate::destage::kick_batch(&ctl);
     if req.header.flags & cflags::FUA != 0 {
         next(
             ctx,

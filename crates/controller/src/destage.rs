@@ -5,8 +5,11 @@
 //! most [`DESTAGE_TASKS_MAX`] at a time, each writing up to
 //! [`DESTAGE_BATCH_TRACKS`] tracks before handing the worker back. A track is
 //! queued when it becomes dirty (and again if rewritten during its
-//! destage); a periodic tick requeues tracks whose destage failed and keeps
-//! the NVS draining when the host is idle.
+//! destage); a write starts a destage task only once a whole batch is
+//! queued ([`kick_batch`]), a writer waiting for NVS space starts one at
+//! once, and a periodic tick ([`TICK`]) requeues tracks whose destage
+//! failed and starts one for whatever is queued, so the NVS drains when the
+//! host is idle and no dirty track waits longer than about a tick.
 //!
 //! Ordering: the cache directory allows one destage per track at a time and
 //! always destages the track's newest record, so an older write never
@@ -162,6 +165,17 @@ pub(crate) fn lost_tracks(ctl: &Controller) -> Vec<u64> {
     let mut tracks: Vec<u64> = lost.keys().copied().collect();
     tracks.sort_unstable();
     tracks
+}
+
+/// After a write: start a destage task only once a whole batch is queued;
+/// the [`TICK`] starts one for fewer, and a writer waiting for NVS space
+/// kicks at once. A write is acknowledged from the NVS, so waiting costs no
+/// safety, and a destage task per batch instead of per write spares a
+/// worker wake-up per write.
+pub(crate) fn kick_batch(ctl: &Arc<Controller>) {
+    if ctl.destage.len() >= DESTAGE_BATCH_TRACKS {
+        kick(ctl);
+    }
 }
 
 /// Start a destage task if there is work and room for one.
