@@ -648,17 +648,17 @@ fn next(ctx: &mut TaskCtx<'_>, req: Box<Request>, at: StageRef) {
     }
 }
 
-/// Count a received request in the pipeline (called by the connection's
-/// reader thread inside the admission gate; see [`crate::system`]).
+/// Count a received request in the pipeline (called by a connection
+/// thread inside the admission gate; see [`crate::system`]).
 pub(crate) fn enter(req: &mut Request) {
     req.ctl().system.entered();
     req.counted = true;
 }
 
-/// Start an [entered](enter) request at `host.receive`. With the reader's
-/// affiliate slot, its host, cache and NVS stages run on the reader thread
-/// when their admission allows (see `rcs::affiliate`); the rest are queued
-/// for the workers. If the runtime refuses it (shutting down), the dropped
+/// Start an [entered](enter) request at `host.receive`. With the
+/// connection thread's affiliate slot, its host, cache, NVS and device
+/// stages run on that thread when their admission allows (see
+/// `rcs::affiliate`); the rest are queued for the workers. If the runtime refuses it (shutting down), the dropped
 /// request's clean-up block answers the client.
 pub(crate) fn start(req: Box<Request>, affiliate: Option<&mut rcs::Affiliate>) {
     debug_assert!(
