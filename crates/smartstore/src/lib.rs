@@ -18,6 +18,7 @@
 //! | query plan distributed to the nodes (2.3) | [`plan::Fragment`] |
 //! | primitives Scan, Sort, AggGrpSort bundle (2.3, 4.2) | [`plan::Primitive`], [`ops`] |
 //! | Sort on few-valued (dictionary) keys, by normalized key | [`ranksort`] |
+//! | the bundle's Group-by over sorted input, by runs | [`rungroup`], [`ops`] |
 //! | checkpoint per primitive (4.2) | [`host::Cluster::checkpoint_all`], [`host::Cluster::run_query_with`] |
 //! | HP C2490A disk, MEMS G1 to G3 (5.2, Table 1) | [`devmodel`] |
 //! | Scan and TPC-H Q1 workloads (4) | [`tpch`] |
@@ -37,6 +38,7 @@ pub mod ops;
 pub mod plan;
 pub mod ranksort;
 pub mod recovery;
+pub mod rungroup;
 pub use redundancy;
 pub mod tpch;
 

@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+use arrow::array::AsArray;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use datafusion::datasource::MemTable;
@@ -15,8 +16,8 @@ use datafusion::prelude::*;
 use datafusion::scalar::ScalarValue;
 
 use crate::error::{Error, Result};
-use crate::plan::{AggFunc, Cmp, Primitive, Value};
-use crate::ranksort;
+use crate::plan::{AggFunc, Aggregate, Cmp, Primitive, Value};
+use crate::{ranksort, rungroup};
 
 /// Sorts whose input is smaller than this concatenate and sort once
 /// instead of sorting each batch and merging. A node's input is in memory
@@ -72,6 +73,14 @@ pub async fn run(
             return Ok((schema, sorted));
         }
     }
+    if let Primitive::AggGrpSort {
+        group_by,
+        aggregates,
+    } = primitive
+        && let Some(out) = aggregate_by_runs(&schema, &batches, group_by, aggregates).await?
+    {
+        return Ok(out);
+    }
     let ctx = context();
     let df = frame(&ctx, schema.clone(), batches)?;
     let df = match primitive {
@@ -115,35 +124,134 @@ pub async fn run(
         Primitive::AggGrpSort {
             group_by,
             aggregates,
-        } => {
-            let groups = group_by
-                .iter()
-                .map(|c| column(c, &schema))
-                .collect::<Result<Vec<_>>>()?;
-            let aggs = aggregates
-                .iter()
-                .map(|a| {
-                    let arg = expr(&a.arg, &schema)?;
-                    let e = match a.func {
-                        AggFunc::Sum => agg::sum(arg),
-                        AggFunc::Count => agg::count(arg),
-                        AggFunc::Avg => agg::avg(arg),
-                        AggFunc::Min => agg::min(arg),
-                        AggFunc::Max => agg::max(arg),
-                    };
-                    Ok(e.alias(&a.name))
-                })
-                .collect::<Result<Vec<_>>>()?;
-            let sort = group_by
-                .iter()
-                .map(|c| col(ident(c)).sort(true, false))
-                .collect();
-            df.aggregate(groups, aggs)?.sort(sort)?
-        }
+        } => grouped(df, group_by, aggregates, &schema)?,
     };
     let out_schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
     let batches = df.collect().await?;
     Ok((out_schema, batches))
+}
+
+/// The AggGrpSort bundle as DataFusion plans it: aggregate `df` by the
+/// columns `group_by`, then sort by them.
+fn grouped(
+    df: DataFrame,
+    group_by: &[String],
+    aggregates: &[Aggregate],
+    schema: &SchemaRef,
+) -> Result<DataFrame> {
+    let groups = group_by
+        .iter()
+        .map(|c| column(c, schema))
+        .collect::<Result<Vec<_>>>()?;
+    let sort = group_by
+        .iter()
+        .map(|c| col(ident(c)).sort(true, false))
+        .collect();
+    Ok(df
+        .aggregate(groups, aggregate_exprs(aggregates, schema)?)?
+        .sort(sort)?)
+}
+
+fn aggregate_exprs(aggregates: &[Aggregate], schema: &SchemaRef) -> Result<Vec<Expr>> {
+    aggregates
+        .iter()
+        .map(|a| {
+            let arg = expr(&a.arg, schema)?;
+            let e = match a.func {
+                AggFunc::Sum => agg::sum(arg),
+                AggFunc::Count => agg::count(arg),
+                AggFunc::Avg => agg::avg(arg),
+                AggFunc::Min => agg::min(arg),
+                AggFunc::Max => agg::max(arg),
+            };
+            Ok(e.alias(&a.name))
+        })
+        .collect()
+}
+
+/// The AggGrpSort bundle over input clustered by its group keys (Q1's
+/// Sort output): groups by runs ([`rungroup`]), lets DataFusion aggregate
+/// by the dense group id, then puts each group's key values back and sorts
+/// the few result rows by them. The result equals [`grouped`]'s, schema
+/// included. `None` when [`rungroup::group_ids`] declines.
+async fn aggregate_by_runs(
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+    group_by: &[String],
+    aggregates: &[Aggregate],
+) -> Result<Option<(SchemaRef, Vec<RecordBatch>)>> {
+    let keys = group_by
+        .iter()
+        .map(|c| {
+            column(c, schema)?;
+            Ok(schema.index_of(c)?)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let ctx = context();
+    // The schema the hash path would produce (planning only, no rows).
+    let want: SchemaRef = Arc::new(
+        grouped(
+            frame(&ctx, schema.clone(), Vec::new())?,
+            group_by,
+            aggregates,
+            schema,
+        )?
+        .schema()
+        .as_arrow()
+        .clone(),
+    );
+    let Some(groups) = rungroup::group_ids(batches, &keys)? else {
+        return Ok(None);
+    };
+    let mut id_name = String::from("__group");
+    while schema.field_with_name(&id_name).is_ok() {
+        id_name.push('_');
+    }
+    let mut fields = schema.fields().to_vec();
+    fields.push(Arc::new(Field::new(&id_name, DataType::UInt32, false)));
+    let with_ids = Arc::new(Schema::new(fields));
+    let tagged = batches
+        .iter()
+        .zip(groups.ids.iter())
+        .map(|(b, ids)| {
+            let mut columns = b.columns().to_vec();
+            columns.push(ids.clone());
+            RecordBatch::try_new(with_ids.clone(), columns)
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let per_id = frame(&ctx, with_ids, tagged)?
+        .aggregate(
+            vec![col(ident(&id_name))],
+            aggregate_exprs(aggregates, schema)?,
+        )?
+        .collect()
+        .await?;
+    let per_id = arrow::compute::concat_batches(&per_id[0].schema(), &per_id)?;
+    let ids = per_id
+        .column(0)
+        .as_primitive::<arrow::datatypes::UInt32Type>();
+    let mut columns = groups
+        .keys
+        .iter()
+        .map(|k| arrow::compute::take(k, ids, None))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    columns.extend(per_id.columns()[1..].iter().cloned());
+    let order = arrow::compute::lexsort_to_indices(
+        &columns[..keys.len()]
+            .iter()
+            .map(|c| arrow::compute::SortColumn {
+                values: c.clone(),
+                options: Some(arrow::compute::SortOptions {
+                    descending: false,
+                    nulls_first: false,
+                }),
+            })
+            .collect::<Vec<_>>(),
+        None,
+    )?;
+    let sorted = RecordBatch::try_new(want.clone(), columns)?;
+    let sorted = arrow::compute::take_record_batch(&sorted, &order)?;
+    Ok(Some((want, vec![sorted])))
 }
 
 /// A quoted column name, so case and dots are kept as given.
@@ -282,6 +390,142 @@ pub fn plain_types(batch: &RecordBatch) -> Result<RecordBatch> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use arrow::array::{DictionaryArray, Int64Array, StringArray};
+    use arrow::datatypes::Int8Type;
+    use proptest::prelude::*;
+
+    fn keyed_schema() -> SchemaRef {
+        let dict = DataType::Dictionary(Box::new(DataType::Int8), Box::new(DataType::Utf8));
+        Arc::new(Schema::new(vec![
+            Field::new("flag", dict, true),
+            Field::new("status", DataType::Utf8, false),
+            Field::new("v", DataType::Int64, true),
+        ]))
+    }
+
+    /// One batch: flag `None` is a null key; `dictionary` holds the
+    /// batch's own flag values (so batches disagree on their keys).
+    fn keyed_batch(
+        dictionary: &[&str],
+        rows: &[(Option<usize>, &str, Option<i64>)],
+    ) -> RecordBatch {
+        let keys: Vec<Option<i8>> = rows.iter().map(|r| r.0.map(|k| k as i8)).collect();
+        let flag = DictionaryArray::<Int8Type>::try_new(
+            keys.into(),
+            Arc::new(StringArray::from(dictionary.to_vec())),
+        )
+        .unwrap();
+        RecordBatch::try_new(
+            keyed_schema(),
+            vec![
+                Arc::new(flag),
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.1))),
+                Arc::new(Int64Array::from(
+                    rows.iter().map(|r| r.2).collect::<Vec<_>>(),
+                )),
+            ],
+        )
+        .unwrap()
+    }
+
+    fn bundle() -> (Vec<String>, Vec<Aggregate>) {
+        let agg = |func, name: &str| Aggregate {
+            func,
+            arg: Value::col("v"),
+            name: name.into(),
+        };
+        (
+            vec!["flag".into(), "status".into()],
+            vec![
+                agg(AggFunc::Sum, "s"),
+                agg(AggFunc::Count, "c"),
+                agg(AggFunc::Avg, "a"),
+                agg(AggFunc::Min, "lo"),
+                agg(AggFunc::Max, "hi"),
+            ],
+        )
+    }
+
+    /// The bundle through DataFusion's hash aggregate, as one batch.
+    async fn hashed(input: Vec<RecordBatch>) -> RecordBatch {
+        let (group_by, aggregates) = bundle();
+        let ctx = context();
+        let df = grouped(
+            frame(&ctx, keyed_schema(), input).unwrap(),
+            &group_by,
+            &aggregates,
+            &keyed_schema(),
+        )
+        .unwrap();
+        let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
+        let out = df.collect().await.unwrap();
+        arrow::compute::concat_batches(&schema, &out).unwrap()
+    }
+
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(f)
+    }
+
+    proptest! {
+        #[test]
+        fn the_bundle_by_runs_equals_the_hash_aggregate(
+            blocks in proptest::collection::vec(
+                (
+                    proptest::collection::vec("[A-C]", 1..4),
+                    proptest::collection::vec(
+                        (proptest::option::weighted(0.9, 0usize..8), 0usize..2, proptest::option::weighted(0.8, -50i64..50)),
+                        0..120,
+                    ),
+                ),
+                1..5,
+            ),
+            sort_first in any::<bool>(),
+        ) {
+            let statuses = ["F", "O"];
+            let mut input: Vec<RecordBatch> = blocks
+                .iter()
+                .map(|(dictionary, rows)| {
+                    let dictionary: Vec<&str> = dictionary.iter().map(String::as_str).collect();
+                    let rows: Vec<(Option<usize>, &str, Option<i64>)> = rows
+                        .iter()
+                        .map(|&(k, s, v)| (k.map(|k| k % dictionary.len()), statuses[s], v))
+                        .collect();
+                    keyed_batch(&dictionary, &rows)
+                })
+                .collect();
+            if sort_first {
+                // Clustered input, as Q1's Sort leaves it: the run path runs.
+                let sort = Primitive::Sort {
+                    keys: vec![
+                        crate::plan::SortKey::asc("flag"),
+                        crate::plan::SortKey::asc("status"),
+                    ],
+                };
+                input = block_on(run(&sort, keyed_schema(), input)).unwrap().1;
+            }
+            let (group_by, aggregates) = bundle();
+            let keys = [0, 1];
+            let clustered = rungroup::group_ids(&input, &keys).unwrap().is_some();
+            let by_runs = block_on(aggregate_by_runs(&keyed_schema(), &input, &group_by, &aggregates)).unwrap();
+            prop_assert_eq!(by_runs.is_some(), clustered);
+            let want = block_on(hashed(input.clone()));
+            if let Some((schema, got)) = by_runs {
+                prop_assert_eq!(&schema, &want.schema());
+                let got = arrow::compute::concat_batches(&schema, &got).unwrap();
+                prop_assert_eq!(got, want.clone());
+            }
+            let (schema, through_run) = block_on(run(
+                &Primitive::AggGrpSort { group_by, aggregates },
+                keyed_schema(),
+                input,
+            )).unwrap();
+            let through_run = arrow::compute::concat_batches(&schema, &through_run).unwrap();
+            prop_assert_eq!(through_run, want);
+        }
+    }
 
     #[test]
     fn dates_convert_to_days_since_the_epoch() {

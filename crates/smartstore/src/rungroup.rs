@@ -1,0 +1,233 @@
+//! Group-by over sorted input, by runs: the Group-by of the AggGrpSort
+//! bundle after Q1's Sort.
+//!
+//! Section 4.2 of the smart-storage paper runs Q1 as Scan, then Sort, then
+//! the bundle Group-by + Aggregate + LocalSort: the Group-by's input is
+//! already ordered by the group keys, so each group is one run of adjacent
+//! rows and grouping needs no hashing of the keys. DataFusion's
+//! `AggregateExec` does not know that a stored object is sorted and hashes
+//! every row's keys (two dictionary-encoded columns for Q1: arrow-row
+//! encodes both dictionaries' values for each of a node's 1.5 million rows,
+//! about half of the bundle's time).
+//!
+//! [`group_ids`] finds the runs of equal keys in each batch with arrow's
+//! `partition` kernel (over a dictionary column's keys, which are equal
+//! wherever the values are), gives each run the id of its key values (runs
+//! whose keys are equal share an id, so input that is not sorted, or sorted
+//! runs split across batches, still group correctly), and returns one
+//! dense `UInt32` id per row. The caller then lets DataFusion aggregate by
+//! that single primitive column (its fast primitive group values) and takes
+//! the key values back by id. [`group_ids`] declines (returns `None`, and
+//! the caller hashes the keys as before) when the runs are short, that is
+//! when the input is not clustered by its keys: then there is nothing to
+//! gain from runs.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, AsArray, UInt32Array};
+use arrow::compute::{interleave, partition};
+use arrow::record_batch::RecordBatch;
+use arrow::row::{RowConverter, SortField};
+
+use crate::error::Result;
+
+/// [`group_ids`] declines when the runs are on average shorter than this
+/// many rows (input not clustered by its keys).
+pub const MIN_MEAN_RUN: usize = 8;
+
+/// Dense group ids for every row, and each group's key values.
+#[derive(Debug)]
+pub struct GroupIds {
+    /// One id column per input batch, ids `0 .. groups`.
+    pub ids: Vec<ArrayRef>,
+    /// The key columns, one row per group, row `g` the keys of group `g`.
+    pub keys: Vec<ArrayRef>,
+}
+
+impl GroupIds {
+    /// Number of distinct groups.
+    pub fn groups(&self) -> usize {
+        self.keys.first().map_or(0, |k| k.len())
+    }
+}
+
+/// Assigns group ids to the rows of `batches` by the runs of equal values
+/// of the columns `keys`; `None` when there are no rows, no keys, or the
+/// runs are too short to gain from (see the module documentation).
+pub fn group_ids(batches: &[RecordBatch], keys: &[usize]) -> Result<Option<GroupIds>> {
+    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+    if keys.is_empty() || rows == 0 || rows > u32::MAX as usize {
+        return Ok(None);
+    }
+    let max_runs = (rows / MIN_MEAN_RUN).max(1);
+    let fields: Vec<SortField> = keys
+        .iter()
+        .map(|&k| SortField::new(batches[0].schema().field(k).data_type().clone()))
+        .collect();
+    let converter = RowConverter::new(fields)?;
+    let mut runs = 0usize;
+    let mut id_of: HashMap<Box<[u8]>, u32> = HashMap::new();
+    // (batch, row) of each group's first row, in id order.
+    let mut first: Vec<(usize, usize)> = Vec::new();
+    let mut ids = Vec::with_capacity(batches.len());
+    for (b, batch) in batches.iter().enumerate() {
+        if batch.num_rows() == 0 {
+            ids.push(Arc::new(UInt32Array::from(Vec::<u32>::new())) as ArrayRef);
+            continue;
+        }
+        // A dictionary column's runs are the runs of its keys: equal keys
+        // are equal values (equal values under different keys only split a
+        // run, and the split runs get the same id below).
+        let compared: Vec<ArrayRef> = keys
+            .iter()
+            .map(|&k| {
+                let c = batch.column(k);
+                match c.as_any_dictionary_opt() {
+                    Some(d) => d.keys().slice(0, d.keys().len()),
+                    None => c.clone(),
+                }
+            })
+            .collect();
+        let ranges = partition(&compared)?.ranges();
+        runs += ranges.len();
+        if runs > max_runs {
+            return Ok(None);
+        }
+        let starts = UInt32Array::from_iter_values(ranges.iter().map(|r| r.start as u32));
+        let heads: Vec<ArrayRef> = keys
+            .iter()
+            .map(|&k| arrow::compute::take(batch.column(k), &starts, None))
+            .collect::<std::result::Result<_, _>>()?;
+        let encoded = converter.convert_columns(&heads)?;
+        let mut column = Vec::with_capacity(batch.num_rows());
+        for (run, range) in ranges.iter().enumerate() {
+            let next = first.len() as u32;
+            let id = *id_of
+                .entry(encoded.row(run).as_ref().into())
+                .or_insert_with(|| {
+                    first.push((b, range.start));
+                    next
+                });
+            column.extend(std::iter::repeat_n(id, range.len()));
+        }
+        debug_assert_eq!(column.len(), batch.num_rows());
+        ids.push(Arc::new(UInt32Array::from(column)) as ArrayRef);
+    }
+    let keys = keys
+        .iter()
+        .map(|&k| {
+            let columns: Vec<&dyn Array> = batches.iter().map(|b| b.column(k).as_ref()).collect();
+            interleave(&columns, &first)
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok(Some(GroupIds { ids, keys }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{DictionaryArray, Int64Array, StringArray};
+    use arrow::datatypes::{DataType, Field, Int8Type, Schema};
+
+    fn batch(flags: &[&str], values: &[i64], dict: &[&str]) -> RecordBatch {
+        let keys: Vec<i8> = flags
+            .iter()
+            .map(|f| dict.iter().position(|d| d == f).unwrap() as i8)
+            .collect();
+        let flag = DictionaryArray::<Int8Type>::try_new(
+            keys.into(),
+            Arc::new(StringArray::from(dict.to_vec())),
+        )
+        .unwrap();
+        let schema = Arc::new(Schema::new(vec![
+            Field::new(
+                "f",
+                DataType::Dictionary(Box::new(DataType::Int8), Box::new(DataType::Utf8)),
+                false,
+            ),
+            Field::new("v", DataType::Int64, false),
+        ]));
+        RecordBatch::try_new(
+            schema,
+            vec![Arc::new(flag), Arc::new(Int64Array::from(values.to_vec()))],
+        )
+        .unwrap()
+    }
+
+    fn ids(g: &GroupIds) -> Vec<Vec<u32>> {
+        g.ids
+            .iter()
+            .map(|a| {
+                a.as_primitive::<arrow::datatypes::UInt32Type>()
+                    .values()
+                    .to_vec()
+            })
+            .collect()
+    }
+
+    fn key_strings(g: &GroupIds) -> Vec<String> {
+        let k = arrow::compute::cast(&g.keys[0], &DataType::Utf8).unwrap();
+        k.as_string::<i32>()
+            .iter()
+            .map(|s| s.unwrap().to_string())
+            .collect()
+    }
+
+    #[test]
+    fn equal_values_under_different_dictionaries_share_one_group() {
+        let a = batch(&["A"; 8], &[1; 8], &["A", "N"]);
+        let b = batch(&["A"; 8], &[2; 8], &["N", "A"]);
+        let c = batch(&["N"; 8], &[3; 8], &["N", "A"]);
+        let g = group_ids(&[a, b, c], &[0]).unwrap().unwrap();
+        assert_eq!(g.groups(), 2);
+        assert_eq!(ids(&g), vec![vec![0; 8], vec![0; 8], vec![1; 8]]);
+        assert_eq!(key_strings(&g), ["A", "N"]);
+    }
+
+    #[test]
+    fn a_repeated_value_in_one_dictionary_splits_a_run_but_not_its_group() {
+        // Keys 0 and 1 both mean "A".
+        let mut flags = vec!["A"; 16];
+        flags.extend(["B"; 16]);
+        let b = batch(&flags, &[0; 32], &["A", "B"]);
+        let (schema, cols) = (b.schema(), b.columns().to_vec());
+        let dict = cols[0].as_any_dictionary();
+        let mut keys: Vec<i8> = dict
+            .keys()
+            .as_primitive::<Int8Type>()
+            .values()
+            .iter()
+            .copied()
+            .collect();
+        for k in keys.iter_mut().take(4) {
+            *k = 2;
+        }
+        let flag = DictionaryArray::<Int8Type>::try_new(
+            keys.into(),
+            Arc::new(StringArray::from(vec!["A", "B", "A"])),
+        )
+        .unwrap();
+        let b = RecordBatch::try_new(schema, vec![Arc::new(flag), cols[1].clone()]).unwrap();
+        let g = group_ids(&[b], &[0]).unwrap().unwrap();
+        assert_eq!(g.groups(), 2);
+        let mut want = vec![0; 16];
+        want.extend([1; 16]);
+        assert_eq!(ids(&g), vec![want]);
+    }
+
+    #[test]
+    fn unclustered_keys_are_declined() {
+        let flags: Vec<&str> = (0..64).map(|i| ["A", "N"][i % 2]).collect();
+        let b = batch(&flags, &[0; 64], &["A", "N"]);
+        assert!(group_ids(&[b], &[0]).unwrap().is_none());
+    }
+
+    #[test]
+    fn no_rows_or_no_keys_are_declined() {
+        let b = batch(&["A"; 8], &[0; 8], &["A"]);
+        assert!(group_ids(&[], &[0]).unwrap().is_none());
+        assert!(group_ids(std::slice::from_ref(&b), &[]).unwrap().is_none());
+        assert!(group_ids(&[b.slice(0, 0)], &[0]).unwrap().is_none());
+    }
+}
