@@ -71,42 +71,11 @@ fn parse_size(s: &str) -> anyhow::Result<usize> {
         .ok_or_else(|| anyhow::anyhow!("--memory {s:?}: too large"))
 }
 
-/// Keeps the memory a node frees in its heap, for its next primitive.
-///
-/// A primitive builds its output in fresh column buffers (12 MB for one
-/// 64-bit column of the 1.5 million rows a node holds of `lineitem` at
-/// scale factor 1). glibc's allocator serves blocks that large with `mmap`
-/// and unmaps them when freed, or trims them off the heap's top, so every
-/// primitive faulted its pages in afresh, and the kernel's page zeroing was
-/// the largest single cost of Q1's Scan. With these thresholds such blocks
-/// come from the heap and stay there when freed: measured at scale factor
-/// 1 on 4 nodes, the Scan phase went from about 0.15 s to 0.09 s and Q1
-/// from about 0.50 s to 0.43 s. The price is a node's resident memory
-/// staying at its high-water mark (the bounded memory of section 2.2's
-/// smart node is enforced on held tables, not on the allocator).
-fn keep_heap_warm() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        /// Blocks below this come from the heap (glibc's maximum on 64-bit).
-        const MMAP_THRESHOLD: libc::c_int = 32 << 20;
-        /// Freed memory at the heap's top returned to the kernel past this.
-        const TRIM_THRESHOLD: libc::c_int = 256 << 20;
-        // SAFETY: mallopt only changes the allocator's thresholds; it is
-        // called before the node starts any thread, and a value it refuses
-        // leaves the default in place (the return value says which).
-        let ok = unsafe {
-            libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
-                && libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
-        };
-        if !ok {
-            tracing::warn!("mallopt refused the heap thresholds; node runs with glibc's defaults");
-        }
-    }
-}
-
 /// Serves one storage node until SIGINT or SIGTERM.
 pub fn node(args: NodeArgs) -> anyhow::Result<ExitCode> {
-    keep_heap_warm();
+    if !smartstore::node::keep_heap_warm() {
+        tracing::warn!("mallopt refused the heap thresholds; node runs with glibc's defaults");
+    }
     let memory = parse_size(&args.memory)?;
     let node = smartstore::node::Node::open(&args.dir, args.device_model.model(), memory)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
