@@ -62,6 +62,9 @@ fn primitives(c: &mut Criterion) {
     g.bench_function("agg-grp-sort (unsorted: hash path)", |b| {
         b.iter(|| run(&rt, &bundle, &scanned))
     });
+    g.bench_function("encode the Sort's output (materialise, checkpoint)", |b| {
+        b.iter(|| smartstore::object::table_file(&sorted.0, &sorted.1).expect("encoded"))
+    });
     g.finish();
 }
 
