@@ -135,6 +135,8 @@ fn fio(server: &Server, extra: &[&str]) -> std::process::Output {
     run_ok(
         Command::new(tool("fio"))
             .env("PORT", server.port())
+            // fio saves its verify state in the working directory.
+            .current_dir(server.dir.path())
             .arg(job)
             .args(extra),
     )
