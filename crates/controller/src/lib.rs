@@ -51,6 +51,7 @@ pub mod metrics;
 pub mod nbd;
 #[allow(unsafe_code)]
 pub mod nvs;
+pub mod ppl;
 pub mod pseudodev;
 pub mod raid;
 pub mod recovery;

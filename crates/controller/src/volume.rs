@@ -66,6 +66,14 @@
 //!   ([`std::io::ErrorKind::ResourceBusy`]; destage retries, the data stays
 //!   in the NVS) until the rebuild has passed that stripe.
 //!
+//! What the redo cannot cover is a loss *before* it: a crash between a
+//! parity write's data slot and its parity slot leaves the stripe torn,
+//! and a device lost before the NVS redoes the write (its file gone at the
+//! restart) would rebuild another member of that stripe from the stale
+//! parity. So a parity write logs its partial parity first (the partial
+//! parity log, `ppl.log`, [`crate::ppl`]), and opening the volume replays
+//! the log before any rebuild: torn stripes are made whole.
+//!
 //! A second loss in the same stripe (or of both copies) makes those tracks
 //! unreadable (an error, never other data) and their writes wait in the
 //! NVS. A volume without redundancy (`raid = "none"`) returns device errors
@@ -78,6 +86,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, MutexGuard, RwLock};
 use redundancy::xor_into;
+
+use crate::ppl::{Intent, PartialParityLog};
 use serde::{Deserialize, Serialize};
 
 use crate::device::{Device, FileDevice};
@@ -106,6 +116,9 @@ pub const REBUILD_RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// Stripe (or track) locks; a stripe uses lock `stripe % STRIPE_LOCKS`.
 const STRIPE_LOCKS: usize = 1024;
+
+/// The partial parity log's entry for zeroing (after the per-lock ones).
+const ZERO_INTENT: usize = STRIPE_LOCKS;
 
 /// Identity and geometry of a volume.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -260,6 +273,12 @@ struct Inner {
     /// Injected faults: this many more writes to a replacement during a
     /// rebuild fail (`rebound inject rebuild-error`).
     rebuild_faults: AtomicU64,
+    /// Parity volumes: the partial parity log (`crate::ppl`), entry
+    /// `stripe % STRIPE_LOCKS` for a track write (writes sharing an entry
+    /// share a lock), entry [`ZERO_INTENT`] for zeroing.
+    ppl: Option<PartialParityLog>,
+    /// Serialises zeroing on a parity volume (one intent entry).
+    zeroing: Mutex<()>,
     /// Tests: called with (device, slot) once a slot of a replacement is
     /// written, before it counts as rebuilt.
     #[cfg(test)]
@@ -328,6 +347,14 @@ fn read_ahead_log(
         }
     }
     ahead
+}
+
+/// An error of the partial parity log, naming its file.
+fn ppl_error(log: &PartialParityLog, e: std::io::Error) -> std::io::Error {
+    std::io::Error::new(
+        e.kind(),
+        format!("partial parity log {}: {e}", log.path().display()),
+    )
 }
 
 fn write_label(dir: &Path, label: &Label) -> std::io::Result<()> {
@@ -412,6 +439,10 @@ impl Volume {
             })
             .collect::<Result<Vec<_>, VolumeError>>()?;
         let resume: Vec<usize> = label.degraded.iter().map(|g| g.device as usize).collect();
+        let ppl = match label.raid {
+            Raid::Parity => Some(PartialParityLog::open(dir, STRIPE_LOCKS + 1).map_err(io)?),
+            _ => None,
+        };
         let v = Volume {
             inner: Arc::new(Inner {
                 dir: dir.to_owned(),
@@ -425,10 +456,14 @@ impl Volume {
                 rebuilds: Mutex::new(Vec::new()),
                 rebuild_rate: AtomicU64::new(0),
                 rebuild_faults: AtomicU64::new(0),
+                ppl,
+                zeroing: Mutex::new(()),
                 #[cfg(test)]
                 slot_written: Mutex::new(None),
             }),
         };
+        // Before any rebuild reads a stripe: make torn stripes whole.
+        v.inner.replay_partial_parity().map_err(io)?;
         for d in resume {
             tracing::warn!(
                 device = d,
@@ -701,6 +736,11 @@ impl Volume {
             // a rebuild is not, and must not copy a stripe half zeroed onto
             // the replacement, so while one runs every stripe lock is held
             // (in index order; nobody else holds two).
+            let _one_intent = self.inner.zeroing.lock();
+            if let Some(log) = &self.inner.ppl {
+                log.record_zero(ZERO_INTENT, first, end)
+                    .map_err(|e| ppl_error(log, e))?;
+            }
             self.inner.retry(|i| {
                 let _all: Vec<MutexGuard<'_, ()>> = if self.degraded() {
                     i.locks.iter().map(|l| l.lock()).collect()
@@ -717,6 +757,9 @@ impl Volume {
                 }
                 Ok(())
             })?;
+            if let Some(log) = &self.inner.ppl {
+                log.clear(ZERO_INTENT).map_err(|e| ppl_error(log, e))?;
+            }
         }
         let zeros = vec![0u8; TRACK_BYTES];
         for track in loose {
@@ -930,8 +973,12 @@ impl Inner {
                         "track {track}: stripe {stripe} has {missing} members on lost devices"
                     )));
                 }
+                let entry = (stripe % STRIPE_LOCKS as u64) as usize;
                 if pu == Use::Missing {
-                    // No parity to keep: the data alone.
+                    // No parity to keep: the data alone (and no partial
+                    // parity: an older record of this entry must not be
+                    // replayed over what this write changes).
+                    self.ppl_clear(entry)?;
                     return self.write_slot(dd, stripe, data);
                 }
                 if let Some(i) = ou.iter().position(|&u| u == Use::Missing) {
@@ -947,13 +994,118 @@ impl Inner {
                 // interrupted one is made whole by the redo.
                 let mut p = vec![0u8; TRACK_BYTES];
                 self.xor_of(stripe, others.iter().copied(), &mut p)?;
+                // `p` is the partial parity now: logged before the data
+                // slot changes, so a crash between the two writes leaves a
+                // stripe the replay makes whole (crate::ppl).
+                match (&self.ppl, du) {
+                    (Some(log), Use::Good) => log
+                        .record_write(entry, stripe, dd, &p)
+                        .map_err(|e| Fault::Io(ppl_error(log, e)))?,
+                    _ => self.ppl_clear(entry)?,
+                }
                 xor_into(&mut p, data);
                 if du != Use::Missing {
                     self.write_slot(dd, stripe, data)?;
                 }
-                self.write_slot(pd, stripe, &p)
+                self.write_slot(pd, stripe, &p)?;
+                self.ppl_clear(entry)
             }
         }
+    }
+
+    /// Empties partial parity log entry `entry` (parity volumes).
+    fn ppl_clear(&self, entry: usize) -> Result<(), Fault> {
+        match &self.ppl {
+            Some(log) => log.clear(entry).map_err(|e| Fault::Io(ppl_error(log, e))),
+            None => Ok(()),
+        }
+    }
+
+    /// Replays the partial parity log (at open, before rebuilds start):
+    /// each torn track write's stripe gets the parity `partial XOR data`
+    /// when its written member and its parity are both readable (a lost
+    /// written member is rebuilt from the rest and its write redone from
+    /// the NVS; a lost parity is rebuilt from the data), and each
+    /// interrupted zeroing is done again. Then the log is emptied.
+    fn replay_partial_parity(&self) -> std::io::Result<()> {
+        let Some(log) = &self.ppl else {
+            return Ok(());
+        };
+        let intents = log.intents()?;
+        if intents.is_empty() {
+            return Ok(());
+        }
+        let slots = self.layout.slots_per_device();
+        let (mut stripes, mut zeroed) = (0u64, 0u64);
+        let mut buf = vec![0u8; TRACK_BYTES];
+        for intent in intents {
+            match intent {
+                Intent::Write {
+                    stripe,
+                    device,
+                    partial,
+                } => {
+                    let members = if stripe < slots {
+                        self.layout.stripe_devices(stripe)
+                    } else {
+                        Vec::new()
+                    };
+                    if members.is_empty() || !members[1..].contains(&device) {
+                        tracing::warn!(
+                            stripe,
+                            device,
+                            "partial parity log entry names no data member of its stripe; ignored"
+                        );
+                        continue;
+                    }
+                    let pd = members[0];
+                    if self.usable(device, stripe) != Use::Good
+                        || self.usable(pd, stripe) != Use::Good
+                    {
+                        continue;
+                    }
+                    let io = |f: Fault| match f {
+                        Fault::Device(_, e) | Fault::Io(e) => e,
+                    };
+                    self.read_slot(device, stripe, &mut buf).map_err(io)?;
+                    xor_into(&mut buf, &partial);
+                    self.write_slot(pd, stripe, &buf).map_err(io)?;
+                    stripes += 1;
+                }
+                Intent::Zero { first, end } => {
+                    if first > end || end > self.layout.tracks() {
+                        tracing::warn!(
+                            first,
+                            end,
+                            "partial parity log zeroing intent out of range; ignored"
+                        );
+                        continue;
+                    }
+                    let (runs, _) = self.layout.zero_runs(first, end);
+                    let t = TRACK_BYTES as u64;
+                    for (d, lo, hi) in runs {
+                        if self.members[d].state.load(Ordering::Acquire) != LOST {
+                            self.members[d]
+                                .dev
+                                .read()
+                                .zero_range(lo * t, (hi - lo) * t, true)?;
+                        }
+                    }
+                    zeroed += 1;
+                }
+            }
+        }
+        for m in &self.members {
+            if m.state.load(Ordering::Acquire) != LOST {
+                m.dev.read().sync()?;
+            }
+        }
+        tracing::warn!(
+            stripes,
+            zeroed,
+            "replayed the partial parity log: torn stripes made whole"
+        );
+        log.reset()
     }
 
     /// Rebuild slot `stripe` of replacement `d` now, out of order: compute
@@ -1728,6 +1880,123 @@ mod tests {
             assert_eq!(read(&v, t).unwrap(), pattern(t, 1), "track {t}");
         }
         assert_consistent(&v, dir.path());
+    }
+
+    fn raw_write(dir: &Path, d: usize, slot: u64, data: &[u8]) {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(device_path(dir, d))
+            .unwrap();
+        f.write_all_at(data, slot * TRACK_BYTES as u64).unwrap();
+    }
+
+    /// The RAID-5 write hole: a crash between a track write's data slot and
+    /// its parity slot, then the loss of the device of *another* member of
+    /// that stripe (one no write touched). Replaying the partial parity log
+    /// at the restart makes the stripe whole first, so the other member is
+    /// rebuilt as it was; without the log it would be rebuilt from the
+    /// stale parity as other bytes.
+    #[test]
+    fn a_torn_parity_write_then_a_lost_device_loses_no_other_member() {
+        for torn_entry_logged in [true, false] {
+            let dir = tempfile::tempdir().unwrap();
+            let tracks = 300;
+            let v =
+                Volume::open_or_create(dir.path(), tracks * 4096, 3, Raid::Parity, false).unwrap();
+            for t in 0..tracks {
+                v.write_track(t, &pattern(t, 1)).unwrap();
+            }
+            let l = v.layout();
+            let (written, stripe, dd) = (100..tracks)
+                .find_map(|t| match l.place(t) {
+                    Place::Parity { stripe, data, .. } => Some((t, stripe, data)),
+                    _ => None,
+                })
+                .unwrap();
+            let Place::Parity { others, .. } = l.place(written) else {
+                unreachable!()
+            };
+            let lost = others[0];
+            let untouched = (0..tracks)
+                .find(|&t| matches!(l.place(t), Place::Parity { stripe: s, data, .. } if s == stripe && data == lost))
+                .unwrap();
+            // What the write path does, up to a crash after the data slot:
+            // log the partial parity, write the data, never the parity.
+            let partial = raw(dir.path(), lost, stripe);
+            if torn_entry_logged {
+                v.inner
+                    .ppl
+                    .as_ref()
+                    .unwrap()
+                    .record_write(
+                        (stripe % STRIPE_LOCKS as u64) as usize,
+                        stripe,
+                        dd,
+                        &partial,
+                    )
+                    .unwrap();
+            }
+            drop(v);
+            raw_write(dir.path(), dd, stripe, &pattern(written, 2));
+            // The restart finds the untouched member's device gone.
+            std::fs::remove_file(device_path(dir.path(), lost)).unwrap();
+            let v =
+                Volume::open_or_create(dir.path(), tracks * 4096, 3, Raid::Parity, false).unwrap();
+            assert!(v.wait_rebuilds(Duration::from_secs(60)));
+            let got = read(&v, untouched).unwrap();
+            if torn_entry_logged {
+                assert!(
+                    got == pattern(untouched, 1),
+                    "track {untouched} of torn stripe {stripe} rebuilt as other bytes"
+                );
+                assert_eq!(read(&v, written).unwrap(), pattern(written, 2));
+                assert_consistent(&v, dir.path());
+                assert!(v.inner.ppl.as_ref().unwrap().intents().unwrap().is_empty());
+            } else {
+                // The hole the log closes: the stale parity rebuilds it wrong.
+                assert!(got != pattern(untouched, 1), "the write hole did not open");
+            }
+        }
+    }
+
+    /// Writes and zeroing leave no entry behind in the partial parity log,
+    /// and an interrupted zeroing is done again at the restart.
+    #[test]
+    fn partial_parity_entries_live_only_while_their_write_is_in_flight() {
+        let dir = tempfile::tempdir().unwrap();
+        let tracks = 300;
+        let v = Volume::open_or_create(dir.path(), tracks * 4096, 3, Raid::Parity, false).unwrap();
+        for t in 0..tracks {
+            v.write_track(t, &pattern(t, 1)).unwrap();
+        }
+        v.zero_tracks(3, 40, false).unwrap();
+        let log = v.inner.ppl.as_ref().unwrap();
+        assert!(log.intents().unwrap().is_empty());
+        // A zeroing interrupted after its first device.
+        log.record_zero(ZERO_INTENT, 100, 200).unwrap();
+        let (runs, _) = v.layout().zero_runs(100, 200);
+        drop(v);
+        let (d, lo, hi) = runs[0];
+        for slot in lo..hi {
+            raw_write(dir.path(), d, slot, &[0u8; TRACK_BYTES]);
+        }
+        let v = Volume::open_or_create(dir.path(), tracks * 4096, 3, Raid::Parity, false).unwrap();
+        let (first_whole, end_whole) = {
+            let (_, loose) = v.layout().zero_runs(100, 200);
+            let inner: Vec<u64> = (100..200).filter(|t| !loose.contains(t)).collect();
+            (inner[0], inner[inner.len() - 1] + 1)
+        };
+        for t in 0..tracks {
+            let b = read(&v, t).unwrap();
+            if (3..40).contains(&t) || (first_whole..end_whole).contains(&t) {
+                assert!(b.iter().all(|&x| x == 0), "track {t} not zeroed");
+            } else {
+                assert_eq!(b, pattern(t, 1), "track {t}");
+            }
+        }
+        assert_consistent(&v, dir.path());
+        assert!(v.inner.ppl.as_ref().unwrap().intents().unwrap().is_empty());
     }
 
     /// Zeroing a range while a rebuild runs leaves every stripe whole: the
