@@ -64,35 +64,56 @@ struct Segment {
 
 /// Encodes `batches` (all with `schema`) as a columnar table payload.
 pub fn encode(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<Vec<u8>> {
-    let mut streams = Vec::with_capacity(schema.fields().len() + 1);
-    streams.push(object::ipc_encode(schema, &[])?);
+    let mut out = Vec::new();
+    encode_into(&mut out, schema, batches)?;
+    Ok(out)
+}
+
+/// Appends the columnar payload of `batches` to `out` (offsets count from
+/// where it starts). Each segment is encoded in place, so the payload is
+/// written once (no per-column buffers copied after).
+pub fn encode_into(out: &mut Vec<u8>, schema: &SchemaRef, batches: &[RecordBatch]) -> Result<()> {
+    let base = out.len();
+    let n = schema.fields().len() + 1;
+    let data: usize = batches.iter().map(|b| b.get_array_memory_size()).sum();
+    // The data, its IPC framing (a few hundred bytes per batch and column)
+    // and the alignment padding.
+    out.reserve(data + (batches.len() + 2) * n * 512 + PREFIX_LEN + n * ENTRY_LEN);
+    let first = (PREFIX_LEN + n * ENTRY_LEN).next_multiple_of(ALIGN);
+    out.resize(base + first, 0);
+    let mut directory = Vec::with_capacity(n * ENTRY_LEN);
+    let mut segment = |out: &mut Vec<u8>, one: &SchemaRef, cols: &[RecordBatch]| -> Result<()> {
+        let at = (out.len() - base).next_multiple_of(ALIGN);
+        out.resize(base + at, 0);
+        {
+            let mut w = arrow::ipc::writer::StreamWriter::try_new(&mut *out, one)?;
+            for b in cols {
+                w.write(b)?;
+            }
+            w.finish()?;
+        }
+        let len = out.len() - base - at;
+        directory.extend_from_slice(&(at as u64).to_le_bytes());
+        directory.extend_from_slice(&(len as u64).to_le_bytes());
+        directory.extend_from_slice(&crc32c::crc32c(&out[base + at..]).to_le_bytes());
+        directory.extend_from_slice(&[0u8; 4]);
+        Ok(())
+    };
+    segment(out, schema, &[])?;
     for (i, field) in schema.fields().iter().enumerate() {
         let one = Arc::new(Schema::new(vec![field.clone()]));
         let cols = batches
             .iter()
             .map(|b| RecordBatch::try_new(one.clone(), vec![b.column(i).clone()]))
             .collect::<std::result::Result<Vec<_>, _>>()?;
-        streams.push(object::ipc_encode(&one, &cols)?);
+        segment(out, &one, &cols)?;
     }
-    let n = streams.len();
-    let mut at = (PREFIX_LEN + n * ENTRY_LEN).next_multiple_of(ALIGN);
-    let mut directory = Vec::with_capacity(n * ENTRY_LEN);
-    for s in &streams {
-        directory.extend_from_slice(&(at as u64).to_le_bytes());
-        directory.extend_from_slice(&(s.len() as u64).to_le_bytes());
-        directory.extend_from_slice(&crc32c::crc32c(s).to_le_bytes());
-        directory.extend_from_slice(&[0u8; 4]);
-        at = (at + s.len()).next_multiple_of(ALIGN);
-    }
-    let mut out = Vec::with_capacity(at);
-    out.extend_from_slice(&(n as u32).to_le_bytes());
-    out.extend_from_slice(&crc32c::crc32c(&directory).to_le_bytes());
-    out.extend_from_slice(&directory);
-    for s in &streams {
-        out.resize(out.len().next_multiple_of(ALIGN), 0);
-        out.extend_from_slice(s);
-    }
-    Ok(out)
+    debug_assert_eq!(directory.len(), n * ENTRY_LEN);
+    let head = &mut out[base..base + PREFIX_LEN + n * ENTRY_LEN];
+    head[..4].copy_from_slice(&(n as u32).to_le_bytes());
+    head[4..8].copy_from_slice(&crc32c::crc32c(&directory).to_le_bytes());
+    head[PREFIX_LEN..].copy_from_slice(&directory);
+    Ok(())
 }
 
 /// Parses and checks the directory from the payload's first bytes.

@@ -52,15 +52,9 @@ pub enum Kind {
 /// Encodes `payload` as a complete object file (header and payload).
 pub fn encode(kind: Kind, payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
-    out.extend_from_slice(MAGIC);
-    out.push(kind as u8);
-    out.extend_from_slice(&[0u8; 7]);
-    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-    out.extend_from_slice(&crc32c::crc32c(payload).to_le_bytes());
-    let header_crc = crc32c::crc32c(&out[..28]);
-    out.extend_from_slice(&header_crc.to_le_bytes());
-    debug_assert_eq!(out.len(), HEADER_LEN);
+    out.resize(HEADER_LEN, 0);
     out.extend_from_slice(payload);
+    seal(kind, &mut out);
     out
 }
 
@@ -125,10 +119,25 @@ pub fn ipc_encode(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<Vec<u8>
 /// A complete table object file: `batches` in the columnar payload of
 /// [`crate::columnar`].
 pub fn table_file(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<Vec<u8>> {
-    Ok(encode(
-        Kind::Table,
-        &crate::columnar::encode(schema, batches)?,
-    ))
+    // The payload is encoded after room for the header, which is filled
+    // in once the payload's checksum is known: one buffer, no copy.
+    let mut file = vec![0u8; HEADER_LEN];
+    crate::columnar::encode_into(&mut file, schema, batches)?;
+    seal(Kind::Table, &mut file);
+    Ok(file)
+}
+
+/// Writes the header of an object whose payload follows `HEADER_LEN`
+/// reserved bytes in `file`.
+fn seal(kind: Kind, file: &mut [u8]) {
+    let (head, payload) = file.split_at_mut(HEADER_LEN);
+    head[..8].copy_from_slice(MAGIC);
+    head[8] = kind as u8;
+    head[9..16].fill(0);
+    head[16..24].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+    head[24..28].copy_from_slice(&crc32c::crc32c(payload).to_le_bytes());
+    let header_crc = crc32c::crc32c(&head[..28]);
+    head[28..32].copy_from_slice(&header_crc.to_le_bytes());
 }
 
 /// Writes a complete object file to `path` atomically (temporary file,
@@ -156,6 +165,41 @@ pub fn read_file(path: &Path) -> Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_table_file_encoded_in_place_equals_the_payload_encoded_apart() {
+        use arrow::array::{Int64Array, StringArray};
+        use arrow::datatypes::{DataType, Field, Schema};
+        use std::sync::Arc;
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("s", DataType::Utf8, true),
+        ]));
+        let batches: Vec<RecordBatch> = (0..3)
+            .map(|b| {
+                RecordBatch::try_new(
+                    schema.clone(),
+                    vec![
+                        Arc::new(Int64Array::from_iter_values(0..(7 + b))),
+                        Arc::new(StringArray::from_iter(
+                            (0..(7 + b)).map(|i| (i % 2 == 0).then(|| format!("v{i}"))),
+                        )),
+                    ],
+                )
+                .unwrap()
+            })
+            .collect();
+        let apart = encode(
+            Kind::Table,
+            &crate::columnar::encode(&schema, &batches).unwrap(),
+        );
+        let file = table_file(&schema, &batches).unwrap();
+        assert_eq!(file, apart);
+        let (kind, payload) = decode(Path::new("t"), &file).unwrap();
+        assert_eq!(kind, Kind::Table);
+        let (_, back) = crate::columnar::decode(Path::new("t"), payload, None).unwrap();
+        assert_eq!(back, batches);
+    }
 
     #[test]
     fn every_single_byte_flip_is_detected() {
