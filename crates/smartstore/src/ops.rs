@@ -187,6 +187,9 @@ async fn aggregate_by_runs(
             Ok(schema.index_of(c)?)
         })
         .collect::<Result<Vec<_>>>()?;
+    let Some(groups) = rungroup::group_ids(batches, &keys)? else {
+        return Ok(None);
+    };
     let ctx = context();
     // The schema the hash path would produce (planning only, no rows).
     let want: SchemaRef = Arc::new(
@@ -200,9 +203,6 @@ async fn aggregate_by_runs(
         .as_arrow()
         .clone(),
     );
-    let Some(groups) = rungroup::group_ids(batches, &keys)? else {
-        return Ok(None);
-    };
     let mut id_name = String::from("__group");
     while schema.field_with_name(&id_name).is_ok() {
         id_name.push('_');
@@ -226,7 +226,10 @@ async fn aggregate_by_runs(
         )?
         .collect()
         .await?;
-    let per_id = arrow::compute::concat_batches(&per_id[0].schema(), &per_id)?;
+    let Some(first) = per_id.first() else {
+        return Ok(None); // no groups came back: let the hash path answer
+    };
+    let per_id = arrow::compute::concat_batches(&first.schema(), &per_id)?;
     let ids = per_id
         .column(0)
         .as_primitive::<arrow::datatypes::UInt32Type>();
