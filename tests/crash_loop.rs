@@ -359,13 +359,7 @@ fn crash_loop_with(kills: u32, box_damage: BoxDamage, extra: &[&str], lose_every
                 "restart {kill} was not hard: {banner}"
             ),
         }
-        let verified = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            verify(&server.addr, &mut ledger.lock().unwrap())
-        }));
-        total_checked += verified.unwrap_or_else(|lost| {
-            keep_for_postmortem(&server);
-            std::panic::resume_unwind(lost)
-        });
+        total_checked += verify_or_keep(&server, &ledger);
         assert!(
             kill < 3 || total_issued > 0,
             "the client never got to write"
@@ -381,6 +375,18 @@ fn crash_loop_with(kills: u32, box_damage: BoxDamage, extra: &[&str], lose_every
         );
     }
     assert!(total_checked > 0, "nothing was verified");
+}
+
+/// [`verify`] after a restart; a failure first keeps the evidence
+/// ([`keep_for_postmortem`]), then fails the test as it would have.
+fn verify_or_keep(server: &Server, ledger: &Mutex<Ledger>) -> usize {
+    let verified = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        verify(&server.addr, &mut ledger.lock().unwrap())
+    }));
+    verified.unwrap_or_else(|lost| {
+        keep_for_postmortem(server);
+        std::panic::resume_unwind(lost)
+    })
 }
 
 /// A failed verification keeps the evidence: the NVS, the recovery box,
@@ -589,13 +595,7 @@ fn acknowledged_writes_survive_sigkill_then_a_device_file_lost_while_down() {
         common::wait_status(&server, "the rebuild", Duration::from_secs(60), |s| {
             !s.contains("DEGRADED")
         });
-        let verified = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            verify(&server.addr, &mut ledger.lock().unwrap())
-        }));
-        checked += verified.unwrap_or_else(|lost| {
-            keep_for_postmortem(&server);
-            std::panic::resume_unwind(lost)
-        });
+        checked += verify_or_keep(&server, &ledger);
     }
     eprintln!(
         "{rounds} kills each followed by a lost device file, {issued} writes issued, {checked} acknowledged tracks verified"
