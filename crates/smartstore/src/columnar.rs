@@ -75,7 +75,9 @@ pub fn encode(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<Vec<u8>> {
 pub fn encode_into(out: &mut Vec<u8>, schema: &SchemaRef, batches: &[RecordBatch]) -> Result<()> {
     let base = out.len();
     let n = schema.fields().len() + 1;
-    let data: usize = batches.iter().map(|b| b.get_array_memory_size()).sum();
+    // The rows' own bytes: batches sliced from one array would count the
+    // whole shared buffer each under `get_array_memory_size`.
+    let data: usize = batches.iter().map(crate::node::data_bytes).sum();
     // The data, its IPC framing (a few hundred bytes per batch and column)
     // and the alignment padding.
     out.reserve(data + (batches.len() + 2) * n * 512 + PREFIX_LEN + n * ENTRY_LEN);
