@@ -14,9 +14,10 @@
 //! Whatever the crash left of the write, `partial XOR data` is the parity
 //! of the stripe as its data slots are, so replaying the record after a
 //! restart (before any rebuild) makes the stripe whole, and every member
-//! the write did not touch can be rebuilt. The record is cleared once the
-//! parity is written; a record left behind is replayed (idempotent: the
-//! same parity again).
+//! the write did not touch can be rebuilt. The record is cleared when the
+//! write returns, done or failed (a failed write's device is lost, and the
+//! NVS redoes the write), so a record outlives its write only through a
+//! crash, and the restart's replay then empties the log.
 //!
 //! Zeroing whole stripes writes every member without the stripe locks; an
 //! intent record names the range first and is cleared after, and a replay

@@ -741,7 +741,7 @@ impl Volume {
                 log.record_zero(ZERO_INTENT, first, end)
                     .map_err(|e| ppl_error(log, e))?;
             }
-            self.inner.retry(|i| {
+            let zeroed = self.inner.retry(|i| {
                 let _all: Vec<MutexGuard<'_, ()>> = if self.degraded() {
                     i.locks.iter().map(|l| l.lock()).collect()
                 } else {
@@ -756,10 +756,14 @@ impl Volume {
                     })?;
                 }
                 Ok(())
-            })?;
+            });
+            // Cleared also after an error: the caller was told the range
+            // may not be zeroed, and a replay must not zero it later, over
+            // writes acknowledged since.
             if let Some(log) = &self.inner.ppl {
                 log.clear(ZERO_INTENT).map_err(|e| ppl_error(log, e))?;
             }
+            zeroed?;
         }
         let zeros = vec![0u8; TRACK_BYTES];
         for track in loose {
@@ -1004,11 +1008,19 @@ impl Inner {
                     _ => self.ppl_clear(entry)?,
                 }
                 xor_into(&mut p, data);
-                if du != Use::Missing {
-                    self.write_slot(dd, stripe, data)?;
+                let written = if du != Use::Missing {
+                    self.write_slot(dd, stripe, data)
+                } else {
+                    Ok(())
                 }
-                self.write_slot(pd, stripe, &p)?;
-                self.ppl_clear(entry)
+                .and_then(|()| self.write_slot(pd, stripe, &p));
+                // Cleared however the write ended: after an error the
+                // failing device is lost (the stripe is served degraded and
+                // the NVS redoes the write), and an entry left behind could
+                // later be replayed over contents changed without the log
+                // (a whole-stripe zeroing).
+                let cleared = self.ppl_clear(entry);
+                written.and(cleared)
             }
         }
     }
