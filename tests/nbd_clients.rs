@@ -190,22 +190,6 @@ fn concurrent_connections_each_see_their_own_writes() {
     }
 }
 
-/// `GET /metrics` from the server's Prometheus endpoint.
-fn scrape(addr: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    text
-}
-
-fn sample(text: &str, name: &str) -> u64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("no sample {name} in:\n{text}"))
-}
-
 #[test]
 fn connection_threads_run_their_requests_stages_and_read_back_exactly() {
     for threads in ["1", "8"] {
@@ -230,13 +214,13 @@ fn connection_threads_run_their_requests_stages_and_read_back_exactly() {
         let out = run_ok(cmd.arg(server.uri()));
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(!text.contains("verification failed"), "{threads}: {text}");
-        let metrics = scrape(&addr);
-        let affiliated = sample(&metrics, "rebound_rcs_affiliated_total");
-        let host = sample(&metrics, "rebound_rcs_completed_total{group=\"host\"}");
+        let metrics = common::scrape(&addr);
+        let affiliated = common::sample(&metrics, "rebound_rcs_affiliated_total");
+        let host = common::sample(&metrics, "rebound_rcs_completed_total{group=\"host\"}");
         // Every request's host stages ran on its connection thread (no
         // faults armed, dynamic policy).
         assert!(
-            affiliated >= host && host >= 6,
+            affiliated >= host && host >= 6.0,
             "{threads}: {affiliated} affiliated, {host} host tasks"
         );
     }

@@ -530,7 +530,8 @@ fn exhausted_control_blocks_are_reclaimed_from_leaks_or_admission_waits_for_live
 
 #[test]
 fn injected_group_faults_are_recovered_at_rung_2_while_io_continues() {
-    let server = Server::start("64M", &["--cache-size", "2M"]);
+    let metrics = format!("127.0.0.1:{}", common::free_port());
+    let server = Server::start("64M", &["--cache-size", "2M", "--metrics", &metrics]);
     let uri = server.uri();
     let answer = server
         .admin("inject group-fault cache rate=0.02 duration=2ms")
@@ -553,6 +554,25 @@ fn injected_group_faults_are_recovered_at_rung_2_while_io_continues() {
         "group recoveries ran:\n{status}"
     );
     assert!(status.contains("rung 2 group cache"), "{status}");
+    // The emulation's cost is exposed: faults injected, and the processor
+    // time their recoveries held (each at least its own 2 ms).
+    let text = common::scrape(&metrics);
+    let injected = common::sample(&text, "rebound_rcs_injected_total{group=\"cache\"}");
+    let recoveries = common::sample(&text, "rebound_rcs_recoveries_total{group=\"cache\"}");
+    let held = common::sample(
+        &text,
+        "rebound_rcs_emulated_recovery_seconds_total{group=\"cache\"}",
+    );
+    assert!(
+        injected > 0.0 && recoveries > 0.0,
+        "{injected} injected, {recoveries} recoveries"
+    );
+    assert!(
+        held >= 0.002 * recoveries,
+        "{recoveries} recoveries of 2 ms held only {held} s"
+    );
+    let device = common::sample(&text, "rebound_rcs_injected_total{group=\"device\"}");
+    assert_eq!(device, 0.0, "faults injected only where armed");
     server.admin("inject clear").unwrap();
 }
 

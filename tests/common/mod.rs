@@ -324,3 +324,20 @@ pub fn wait_status(
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// `GET /metrics` from a server's Prometheus endpoint (`--metrics ADDR`).
+pub fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    text
+}
+
+/// The value of the sample `name` (with its labels) in exposition `text`.
+pub fn sample(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no sample {name} in:\n{text}"))
+}

@@ -435,7 +435,7 @@ impl Metrics {
 type GroupField = (&'static str, &'static str, fn(&rcs::GroupMetrics) -> u64);
 
 fn render_rcs(out: &mut String, r: &rcs::MetricsSnapshot) {
-    let fields: [GroupField; 9] = [
+    let fields: [GroupField; 10] = [
         (
             "rebound_rcs_dispatched_total",
             "Tasks dispatched, by recovery group.",
@@ -470,6 +470,11 @@ fn render_rcs(out: &mut String, r: &rcs::MetricsSnapshot) {
             "rebound_rcs_recoveries_total",
             "Group recoveries completed.",
             |g| g.recoveries,
+        ),
+        (
+            "rebound_rcs_injected_total",
+            "Faults injected at dispatch by the group's fault emulation (inject group-fault).",
+            |g| g.injected,
         ),
         ("rebound_rcs_running", "Tasks running now.", |g| {
             u64::from(g.running)
@@ -510,6 +515,18 @@ fn render_rcs(out: &mut String, r: &rcs::MetricsSnapshot) {
             out,
             "rebound_rcs_recovery_seconds_count{{group=\"{}\"}} {}",
             g.name, t.count
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP rebound_rcs_emulated_recovery_seconds_total Processor time held by the fault emulation's recoveries (the failing task's, and every task of the group running at the start of or dispatched during one).\n# TYPE rebound_rcs_emulated_recovery_seconds_total counter"
+    );
+    for g in &r.groups {
+        let _ = writeln!(
+            out,
+            "rebound_rcs_emulated_recovery_seconds_total{{group=\"{}\"}} {}",
+            g.name,
+            g.emulated_hold.as_secs_f64()
         );
     }
     let _ = writeln!(

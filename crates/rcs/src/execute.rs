@@ -20,7 +20,6 @@ use std::sync::atomic::Ordering;
 
 use crate::cleanup::CleanupStack;
 use crate::failure::{Disposition, Failure, FailureClass};
-use crate::fault::spend;
 use crate::group::{GroupId, Priority};
 use crate::runtime::Shared;
 use crate::task::{IN_TASK, Task, TaskCtx, WORKER};
@@ -70,7 +69,7 @@ impl Executor {
             emulated.is_some() && sh.recovering.load(Ordering::SeqCst) & g.bit() != 0;
         if let (true, Some(d)) = (dispatched_in_recovery, emulated) {
             // §6.3.3: tasks dispatched during the recovery take d as well.
-            spend(d);
+            group.hold_for_recovery(d);
         }
         let injected =
             group.faults.probability_threshold() != 0 && group.faults.fires(self.rng.u32(..));
@@ -87,7 +86,7 @@ impl Executor {
             && group.recovery_epoch.load(Ordering::SeqCst) != epoch
         {
             // §6.3.3: tasks running when the recovery began take d as well.
-            spend(d);
+            group.hold_for_recovery(d);
         }
         self.finish(sh, g, result);
         group.admission.release();

@@ -148,6 +148,12 @@ pub struct GroupMetrics {
     pub fault_probability: f64,
     /// Time to recover, per recovery.
     pub recovery_time: LatencySummary,
+    /// Processor time held by the fault emulation's recoveries (§6.3.3):
+    /// the failing task's emulated recovery, and the same time again for
+    /// every task of the group running when a recovery began or dispatched
+    /// during one. Summed over threads; divided by the group's recoveries,
+    /// it says how many processors a policy lets one recovery hold.
+    pub emulated_hold: Duration,
 }
 
 /// Counters of one resource pool.

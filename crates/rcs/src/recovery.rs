@@ -25,7 +25,6 @@ use std::time::{Duration, Instant};
 
 use crate::events::{RecoveryEvent, RecoveryOutcome, RecoveryScope, SystemCause, SystemFailure};
 use crate::failure::Failure;
-use crate::fault::spend;
 use crate::group::{GroupId, GroupRecovery};
 use crate::policy::Policy;
 use crate::runtime::{GroupState, Shared};
@@ -55,7 +54,7 @@ impl Shared {
             "group recovery started");
 
         if let Some(d) = group.faults.recovery_time() {
-            spend(d);
+            group.hold_for_recovery(d);
         }
         let mut escalation = None;
         if reactive && !wait_drained(group, self_running, self.drain_timeout) {

@@ -67,11 +67,22 @@ pub(crate) struct GroupState {
     pub(crate) recovery_epoch: CachePadded<AtomicU64>,
     pub(crate) recoveries: AtomicU64,
     pub(crate) recovery_times_us: Mutex<Histogram<u64>>,
+    /// Processor time held by the fault emulation's recoveries, in
+    /// nanoseconds (see [`GroupState::hold_for_recovery`]).
+    pub(crate) emulated_hold_ns: AtomicU64,
     pub(crate) faults: GroupFaults,
     pub(crate) handler: Option<RecoveryHandler>,
 }
 
 impl GroupState {
+    /// Occupy the calling thread for the emulated recovery time `d`
+    /// (§6.3.3) and count it as processor time the group's recoveries held.
+    pub(crate) fn hold_for_recovery(&self, d: Duration) {
+        crate::fault::spend(d);
+        let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.emulated_hold_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
     pub(crate) fn queued(&self) -> [usize; 3] {
         [
             self.queues[0].len(),
@@ -655,6 +666,7 @@ impl RuntimeBuilder {
                     recovery_epoch: CachePadded::new(AtomicU64::new(0)),
                     recoveries: AtomicU64::new(0),
                     recovery_times_us: Mutex::new(recovery_histogram()),
+                    emulated_hold_ns: AtomicU64::new(0),
                     faults: GroupFaults::new(spec.fault_probability, spec.fault_recovery_time),
                     handler: spec.handler.clone(),
                 })
@@ -1012,6 +1024,7 @@ impl Handle {
                     recovering: recovering & (1u64 << i) != 0,
                     fault_probability: g.faults.probability(),
                     recovery_time: LatencySummary::from_micros(&g.recovery_times_us.lock()),
+                    emulated_hold: Duration::from_nanos(g.emulated_hold_ns.load(Ordering::Relaxed)),
                 }
             })
             .collect();

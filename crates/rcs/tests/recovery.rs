@@ -618,9 +618,65 @@ fn injected_faults_fire_at_the_configured_rate_and_take_the_recovery_time() {
     );
     assert_eq!(g.recoveries, g.injected);
     assert!(g.recovery_time.p50 >= Duration::from_millis(2));
+    // One worker: it is the recovery's leader, so no task of the group runs
+    // or is dispatched during a recovery, and each one holds exactly d.
+    assert_eq!(
+        g.emulated_hold,
+        Duration::from_millis(2) * g.recoveries as u32
+    );
     h.inject(a, 0.0, Duration::ZERO).unwrap();
     assert!(h.inject(a, 1.5, Duration::ZERO).is_err());
     drop(rt);
+}
+
+/// Processor time one emulated recovery holds (§6.3.3) under `policy`: a
+/// recovery of `d` started from outside, and one task of the group submitted
+/// while it runs, with two workers free to dispatch it.
+fn hold_of_one_recovery(policy: Policy, d: Duration) -> (Duration, bool) {
+    let mut b = Runtime::builder();
+    b.workers(2).policy(policy);
+    let a = b.group(GroupSpec::new("a").inject_faults(0.0, d));
+    let rt = b.build().unwrap();
+    let h = rt.handle();
+    let leader = {
+        let h = h.clone();
+        std::thread::spawn(move || h.recover_group(a, Failure::state("emulated")).unwrap())
+    };
+    assert!(wait_until(LONG, || h.metrics().groups[0].recovering));
+    let ran_in_recovery = Arc::new(AtomicBool::new(false));
+    let r = Arc::clone(&ran_in_recovery);
+    let probe = h.clone();
+    h.submit(a, Priority::High, move |_| {
+        r.store(probe.metrics().groups[0].recovering, Ordering::SeqCst);
+        Ok(())
+    })
+    .unwrap();
+    leader.join().unwrap();
+    assert!(h.wait_idle(LONG));
+    let hold = h.metrics().groups[0].emulated_hold;
+    drop(rt);
+    (hold, ran_in_recovery.load(Ordering::SeqCst))
+}
+
+/// The mechanism behind the paper's bad-path numbers: without reactive
+/// scheduling a task dispatched during its group's recovery holds its
+/// processor for the recovery time too; with it (dynamic) the task waits and
+/// the recovery holds only its own processor.
+#[test]
+fn a_recovery_holds_a_second_processor_under_performance_but_not_under_dynamic() {
+    let d = Duration::from_millis(150);
+    let (perf, _) = hold_of_one_recovery(Policy::Performance, d);
+    assert!(
+        perf >= 2 * d,
+        "performance: {perf:?} held, expected >= {:?}",
+        2 * d
+    );
+    let (dynamic, ran_in_recovery) = hold_of_one_recovery(Policy::Dynamic, d);
+    assert_eq!(dynamic, d, "dynamic: only the leader's recovery time");
+    assert!(
+        !ran_in_recovery,
+        "dynamic dispatched the group during its recovery"
+    );
 }
 
 proptest! {
