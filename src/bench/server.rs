@@ -23,6 +23,26 @@ pub(crate) fn free_port() -> anyhow::Result<u16> {
         .port())
 }
 
+/// `GET /metrics` from a server's Prometheus endpoint (`--metrics ADDR`).
+pub(crate) fn scrape_metrics(addr: &str) -> anyhow::Result<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr)
+        .with_context(|| format!("connecting to the metrics endpoint {addr}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)
+        .context("reading the metrics exposition")?;
+    Ok(text)
+}
+
+/// The value of sample `name` (labels included) in a Prometheus exposition.
+pub(crate) fn metric_sample(text: &str, name: &str) -> anyhow::Result<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .with_context(|| format!("no sample {name} in the server's metrics"))
+}
+
 /// NVS size of experiment servers.
 pub(super) const NVS_SIZE: &str = "256M";
 
