@@ -384,6 +384,9 @@ fn report(
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
     if !args.common.quick {
+        let csv = args.common.out.join("badpath.csv");
+        write_csv(&csv, runs, paths)?;
+        println!("per-round samples: {}", csv.display());
         let png = args.common.out.join("badpath.png");
         let categories: Vec<String> = paths.iter().map(|p| label(*p)).collect();
         let series = |f: fn(&Sample) -> f64| -> Vec<(String, Vec<f64>)> {
@@ -432,4 +435,29 @@ fn report(
         println!("plot: {}", png.display());
     }
     Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// Every run's sample, one line each, so rounds of several runs can be
+/// pooled: `policy,path,round,iops,mean_us,faults_per_s,held_per_recovery`.
+fn write_csv(csv: &Path, runs: &[Vec<Vec<Sample>>], paths: &[Option<&str>]) -> anyhow::Result<()> {
+    use std::fmt::Write as _;
+    let mut text = String::from("policy,path,round,iops,mean_us,faults_per_s,held_per_recovery\n");
+    for (p, policy) in POLICIES.iter().enumerate() {
+        for (b, path) in paths.iter().enumerate() {
+            for (round, s) in runs[p][b].iter().enumerate() {
+                let _ = writeln!(
+                    text,
+                    "{policy},{},{},{:.0},{:.1},{:.2},{:.3}",
+                    path.unwrap_or("good"),
+                    round + 1,
+                    s.iops,
+                    s.mean_us,
+                    s.faults_per_s,
+                    s.held_per_recovery
+                );
+            }
+        }
+    }
+    std::fs::create_dir_all(csv.parent().unwrap_or(Path::new(".")))?;
+    std::fs::write(csv, text).with_context(|| format!("writing {}", csv.display()))
 }
