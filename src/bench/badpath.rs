@@ -183,6 +183,14 @@ fn one(
     result
 }
 
+/// A path's name in the table and plot.
+fn label(path: Option<&str>) -> String {
+    match path {
+        None => "good".to_owned(),
+        Some(g) => format!("bad: {g} faulted"),
+    }
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -244,10 +252,6 @@ pub fn run(args: BadPathArgs) -> anyhow::Result<std::process::ExitCode> {
     let paths: Vec<Option<&str>> = std::iter::once(None)
         .chain(groups.iter().map(|g| Some(*g)))
         .collect();
-    let label = |path: Option<&str>| match path {
-        None => "good".to_owned(),
-        Some(g) => format!("bad: {g} faulted"),
-    };
     let work = super::server::scratch_dir()?;
     let port = super::server::free_port()?;
     // runs[policy][path] = one sample per round; the two policies of a
@@ -286,10 +290,6 @@ fn report(
     runtime: u32,
     shape: Shape,
 ) -> anyhow::Result<std::process::ExitCode> {
-    let label = |path: Option<&str>| match path {
-        None => "good".to_owned(),
-        Some(g) => format!("bad: {g} faulted"),
-    };
     let med =
         |p: usize, b: usize, f: fn(&Sample) -> f64| median(runs[p][b].iter().map(f).collect());
     // Per round, dynamic over performance (index 1 over index 0).
