@@ -191,9 +191,15 @@ fn label(path: Option<&str>) -> String {
     }
 }
 
+/// The median; of an even count, the mean of the two middle values.
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    let n = v.len();
+    if n.is_multiple_of(2) {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    } else {
+        v[n / 2]
+    }
 }
 
 /// Median and range of a list of ratios, as `1.234x (1.10..1.31)`.
@@ -292,21 +298,16 @@ fn report(
 ) -> anyhow::Result<std::process::ExitCode> {
     let med =
         |p: usize, b: usize, f: fn(&Sample) -> f64| median(runs[p][b].iter().map(f).collect());
-    // Per round, dynamic over performance (index 1 over index 0).
-    let iops_ratios = |b: usize| -> Vec<f64> {
+    // Per round, dynamic (index 1) against performance (index 0).
+    let per_round = |b: usize, f: fn(&Sample, &Sample) -> f64| -> Vec<f64> {
         runs[1][b]
             .iter()
             .zip(&runs[0][b])
-            .map(|(d, p)| d.iops / p.iops)
+            .map(|(d, p)| f(d, p))
             .collect()
     };
-    let latency_changes = |b: usize| -> Vec<f64> {
-        runs[1][b]
-            .iter()
-            .zip(&runs[0][b])
-            .map(|(d, p)| d.mean_us / p.mean_us - 1.0)
-            .collect()
-    };
+    let iops_ratios = |b: usize| per_round(b, |d, p| d.iops / p.iops);
+    let latency_changes = |b: usize| per_round(b, |d, p| d.mean_us / p.mean_us - 1.0);
     let mut table = Table::new(&[
         "policy",
         "path",
@@ -388,15 +389,17 @@ fn report(
         write_csv(&csv, runs, paths)?;
         println!("per-round samples: {}", csv.display());
         let png = args.common.out.join("badpath.png");
-        let categories: Vec<String> = paths.iter().map(|p| label(*p)).collect();
-        let series = |f: fn(&Sample) -> f64| -> Vec<(String, Vec<f64>)> {
+        // Paths from index `first` on (1: the bad paths only).
+        let categories =
+            |first: usize| -> Vec<String> { paths[first..].iter().map(|p| label(*p)).collect() };
+        let series = |first: usize, f: fn(&Sample) -> f64| -> Vec<(String, Vec<f64>)> {
             POLICIES
                 .iter()
                 .enumerate()
                 .map(|(p, n)| {
                     (
                         (*n).to_owned(),
-                        (0..paths.len()).map(|b| med(p, b, f)).collect(),
+                        (first..paths.len()).map(|b| med(p, b, f)).collect(),
                     )
                 })
                 .collect()
@@ -408,27 +411,20 @@ fn report(
                 BarPanel {
                     title: "throughput".into(),
                     y_label: "IOPS".into(),
-                    categories: categories.clone(),
-                    series: series(|s| s.iops),
+                    categories: categories(0),
+                    series: series(0, |s| s.iops),
                 },
                 BarPanel {
                     title: "mean latency".into(),
                     y_label: "µs".into(),
-                    categories,
-                    series: series(|s| s.mean_us),
+                    categories: categories(0),
+                    series: series(0, |s| s.mean_us),
                 },
                 BarPanel {
                     title: "processors held per recovery".into(),
                     y_label: "× 20 ms per recovery".into(),
-                    categories: paths.iter().skip(1).map(|p| label(*p)).collect(),
-                    series: POLICIES
-                        .iter()
-                        .enumerate()
-                        .map(|(p, n)| {
-                            let held = (1..paths.len()).map(|b| med(p, b, |s| s.held_per_recovery));
-                            ((*n).to_owned(), held.collect())
-                        })
-                        .collect(),
+                    categories: categories(1),
+                    series: series(1, |s| s.held_per_recovery),
                 },
             ],
         )?;
@@ -460,4 +456,16 @@ fn write_csv(csv: &Path, runs: &[Vec<Vec<Sample>>], paths: &[Option<&str>]) -> a
     }
     std::fs::create_dir_all(csv.parent().unwrap_or(Path::new(".")))?;
     std::fs::write(csv, text).with_context(|| format!("writing {}", csv.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn the_median_of_an_even_count_is_the_mean_of_the_middle_two() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(vec![7.0]), 7.0);
+    }
 }
