@@ -201,18 +201,3 @@ pub fn inject(args: InjectArgs) -> anyhow::Result<ExitCode> {
     print!("{answer}");
     Ok(ExitCode::SUCCESS)
 }
-
-/// Wait until the server behind the admin socket at `path` answers
-/// `status` (a server just started), at most `timeout`.
-pub fn wait_ready(path: &std::path::Path, timeout: std::time::Duration) -> anyhow::Result<()> {
-    let deadline = std::time::Instant::now() + timeout;
-    while controller::admin::request(path, "status").is_err() {
-        anyhow::ensure!(
-            std::time::Instant::now() < deadline,
-            "the server did not answer on {} within {timeout:?}",
-            path.display()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    Ok(())
-}

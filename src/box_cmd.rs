@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use recobox::{CreateOptions, RecoveryBox, TypeSpec};
 
-use crate::report::{Table, thousands};
+use texttable::{Table, thousands};
 
 /// `rebound box`.
 #[derive(Debug, Args)]

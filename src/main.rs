@@ -1,17 +1,17 @@
 //! `rebound`: the command-line interface of the rebound storage controller.
 //!
-//! Each subcommand lives in its own module; `main` only parses arguments and
-//! dispatches. See `rebound --help`.
+//! Each subcommand lives in its own module (`bench` and `demo` in the
+//! `experiments` crate); `main` only parses arguments and dispatches. See
+//! `rebound --help`. Features: `smartstore` adds `node` and `query`,
+//! `experiments` adds `bench` and `demo`; both are on by default, and
+//! without them the binary is the server alone.
 
 use clap::{Parser, Subcommand};
 
 mod admin_cmd;
-mod bench;
 mod box_cmd;
-mod demo;
-mod nbd_client;
-mod report;
 mod serve;
+#[cfg(feature = "smartstore")]
 mod smartstore_cmd;
 mod supervise;
 
@@ -36,12 +36,16 @@ enum Command {
     /// Inject a fault into a running server (through its admin socket).
     Inject(admin_cmd::InjectArgs),
     /// Run an experiment or benchmark; prints a table, full runs also write a PNG plot.
-    Bench(bench::BenchArgs),
+    #[cfg(feature = "experiments")]
+    Bench(experiments::bench::BenchArgs),
     /// Watch the recovery ladder: a server, a verifying client, one fault per rung (~20 s).
-    Demo(demo::DemoArgs),
+    #[cfg(feature = "experiments")]
+    Demo(experiments::demo::DemoArgs),
     /// Serve one smart-storage node: table partitions and plan fragments over Arrow Flight.
+    #[cfg(feature = "smartstore")]
     Node(smartstore_cmd::NodeArgs),
     /// Run the smart-storage workloads (Scan, TPC-H Q1) on storage nodes, local or given.
+    #[cfg(feature = "smartstore")]
     Query(smartstore_cmd::QueryArgs),
 }
 
@@ -53,9 +57,13 @@ fn main() -> std::process::ExitCode {
         Command::Box(args) => box_cmd::run(args),
         Command::Status(args) => admin_cmd::status(args),
         Command::Inject(args) => admin_cmd::inject(args),
-        Command::Bench(args) => bench::run(args),
-        Command::Demo(args) => demo::run(args),
+        #[cfg(feature = "experiments")]
+        Command::Bench(args) => experiments::bench::run(args),
+        #[cfg(feature = "experiments")]
+        Command::Demo(args) => experiments::demo::run(args),
+        #[cfg(feature = "smartstore")]
         Command::Node(args) => smartstore_cmd::node(args),
+        #[cfg(feature = "smartstore")]
         Command::Query(args) => smartstore_cmd::query(args),
     };
     match result {

@@ -156,13 +156,7 @@ pub fn run(args: BoxBenchArgs) -> anyhow::Result<std::process::ExitCode> {
 
 /// Run the memcached comparison; returns (system, restart ms, items after kill -9).
 fn peer(out: &Path, quick: bool) -> anyhow::Result<Vec<(String, f64, f64)>> {
-    let script = [
-        concat!(env!("CARGO_MANIFEST_DIR"), "/bench/memcached-restart.sh"),
-        "bench/memcached-restart.sh",
-    ]
-    .into_iter()
-    .find(|p| Path::new(p).is_file())
-    .context("bench/memcached-restart.sh not found (run from the repository)")?;
+    let script = super::repo_file("bench/memcached-restart.sh")?;
     let exe = std::env::current_exe()?;
     let status = Command::new("bash")
         .arg(script)

@@ -163,8 +163,8 @@ fn rung_count(status: &str, rung: &str) -> u64 {
 
 /// Run the demo.
 pub fn run(args: DemoArgs) -> anyhow::Result<std::process::ExitCode> {
-    let dir = crate::bench::server::scratch_dir()?;
-    let port = crate::bench::server::free_port()?;
+    let dir = crate::harness::scratch_dir()?;
+    let port = crate::harness::free_port()?;
     let addr = format!("127.0.0.1:{port}");
     let data = dir.path().join("data");
     let admin_path = data.join("admin.sock");
@@ -194,7 +194,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<std::process::ExitCode> {
         .stderr(log)
         .spawn()
         .context("starting rebound serve --supervise")?;
-    crate::admin_cmd::wait_ready(&admin_path, Duration::from_secs(30))?;
+    crate::harness::wait_ready(&admin_path, Duration::from_secs(30))?;
     println!(
         "rebound demo: server (supervised) on nbd://{addr}/, admin {}",
         admin_path.display()

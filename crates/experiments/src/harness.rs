@@ -10,21 +10,21 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 
 /// A scratch directory for an experiment, under /dev/shm when it can be.
-pub(crate) fn scratch_dir() -> anyhow::Result<tempfile::TempDir> {
+pub fn scratch_dir() -> anyhow::Result<tempfile::TempDir> {
     tempfile::tempdir_in("/dev/shm")
         .or_else(|_| tempfile::tempdir())
         .context("scratch directory")
 }
 
 /// A loopback TCP port free right now (the server binds it next).
-pub(crate) fn free_port() -> anyhow::Result<u16> {
+pub fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
 }
 
 /// `GET /metrics` from a server's Prometheus endpoint (`--metrics ADDR`).
-pub(crate) fn scrape_metrics(addr: &str) -> anyhow::Result<String> {
+pub fn scrape_metrics(addr: &str) -> anyhow::Result<String> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr)
         .with_context(|| format!("connecting to the metrics endpoint {addr}"))?;
@@ -37,17 +37,33 @@ pub(crate) fn scrape_metrics(addr: &str) -> anyhow::Result<String> {
 }
 
 /// The value of sample `name` (labels included) in a Prometheus exposition.
-pub(crate) fn metric_sample(text: &str, name: &str) -> anyhow::Result<f64> {
+pub fn metric_sample(text: &str, name: &str) -> anyhow::Result<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
         .with_context(|| format!("no sample {name} in the server's metrics"))
 }
 
+/// Wait until the server behind the admin socket at `path` answers
+/// `status` (a server just started), at most `timeout`.
+pub fn wait_ready(path: &std::path::Path, timeout: std::time::Duration) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + timeout;
+    while controller::admin::request(path, "status").is_err() {
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "the server did not answer on {} within {timeout:?}",
+            path.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    Ok(())
+}
+
 /// NVS size of experiment servers.
-pub(super) const NVS_SIZE: &str = "256M";
+pub const NVS_SIZE: &str = "256M";
 
 /// A running server.
-pub(super) struct ServerProc {
+#[derive(Debug)]
+pub struct ServerProc {
     child: Child,
     dir: PathBuf,
 }
@@ -74,12 +90,12 @@ impl ServerProc {
     }
 
     /// Start and wait for the banner; the time that took and the banner.
-    pub(super) fn start(dir: &Path, port: u16) -> anyhow::Result<(Self, Duration, String)> {
+    pub fn start(dir: &Path, port: u16) -> anyhow::Result<(Self, Duration, String)> {
         Self::start_with(dir, port, &[])
     }
 
     /// [`ServerProc::start`] with extra `rebound serve` flags.
-    pub(super) fn start_with(
+    pub fn start_with(
         dir: &Path,
         port: u16,
         extra: &[String],
@@ -116,17 +132,17 @@ impl ServerProc {
         ))
     }
 
-    pub(super) fn admin(&self, request: &str) -> anyhow::Result<String> {
+    pub fn admin(&self, request: &str) -> anyhow::Result<String> {
         controller::admin::request(&self.dir.join("data").join("admin.sock"), request)
             .map_err(anyhow::Error::msg)
     }
 
-    pub(super) fn kill9(&mut self) {
+    pub fn kill9(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 
-    pub(super) fn stop(mut self) {
+    pub fn stop(mut self) {
         // SAFETY: kill(2) on our own child's pid; no memory involved.
         unsafe {
             libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);

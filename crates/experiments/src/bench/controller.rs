@@ -5,7 +5,7 @@
 //! this command runs it with this binary, prints its table, and on a full
 //! run draws `controller.png` from its CSV.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use anyhow::Context;
@@ -27,22 +27,11 @@ pub struct ControllerArgs {
     runtime: Option<u32>,
 }
 
-fn script() -> anyhow::Result<PathBuf> {
-    let candidates = [
-        PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/bench/controller.sh")),
-        PathBuf::from("bench/controller.sh"),
-    ];
-    candidates
-        .into_iter()
-        .find(|p| p.is_file())
-        .context("bench/controller.sh not found (run from the repository)")
-}
-
 /// Run the comparison.
 pub fn run(args: ControllerArgs) -> anyhow::Result<std::process::ExitCode> {
     let exe = std::env::current_exe().context("locating this binary")?;
     let mut cmd = Command::new("bash");
-    cmd.arg(script()?)
+    cmd.arg(super::repo_file("bench/controller.sh")?)
         .arg("--rebound")
         .arg(&exe)
         .arg("--out")

@@ -33,7 +33,7 @@ use anyhow::Context;
 use clap::Args;
 
 use super::CommonArgs;
-use super::server::{NVS_SIZE, ServerProc};
+use crate::harness::{NVS_SIZE, ServerProc};
 use crate::report::{Table, line_chart_png, thousands};
 
 /// Options of `rebound bench availability`.
@@ -344,8 +344,8 @@ pub fn run(args: AvailabilityArgs) -> anyhow::Result<std::process::ExitCode> {
             after: Duration::from_secs(3),
         }
     };
-    let work = super::server::scratch_dir()?;
-    let port = super::server::free_port()?;
+    let work = crate::harness::scratch_dir()?;
+    let port = crate::harness::free_port()?;
     let bar = crate::report::progress(5, "cases");
     let mut results = Vec::new();
     bar.set_message("rung 1");

@@ -1,83 +1,11 @@
-//! Output helpers for experiments: aligned text tables, bar-chart PNGs and
-//! progress bars.
+//! Output helpers for experiments: aligned text tables (from `texttable`,
+//! which `rebound box` shares), bar-chart PNGs and progress bars.
 
 use std::path::Path;
 
 use anyhow::Context;
 use plotters::prelude::*;
-
-/// A text table: a header row and data rows, columns right-aligned except
-/// the first.
-#[derive(Debug, Default)]
-pub struct Table {
-    header: Vec<String>,
-    rows: Vec<Vec<String>>,
-}
-
-impl Table {
-    /// A table with these column titles.
-    pub fn new(header: &[&str]) -> Self {
-        Self {
-            header: header.iter().map(|s| (*s).to_owned()).collect(),
-            rows: Vec::new(),
-        }
-    }
-
-    /// Append a row (as many cells as the header).
-    pub fn row(&mut self, cells: Vec<String>) {
-        debug_assert_eq!(cells.len(), self.header.len());
-        self.rows.push(cells);
-    }
-
-    /// Render with aligned columns.
-    pub fn render(&self) -> String {
-        let cols = self.header.len();
-        let width: Vec<usize> = (0..cols)
-            .map(|c| {
-                std::iter::once(&self.header[c])
-                    .chain(self.rows.iter().map(|r| &r[c]))
-                    .map(|s| s.chars().count())
-                    .max()
-                    .unwrap_or(0)
-            })
-            .collect();
-        let line = |cells: &[String]| -> String {
-            cells
-                .iter()
-                .enumerate()
-                .map(|(c, s)| {
-                    if c == 0 {
-                        format!("{s:<w$}", w = width[c])
-                    } else {
-                        format!("{s:>w$}", w = width[c])
-                    }
-                })
-                .collect::<Vec<_>>()
-                .join("  ")
-        };
-        let mut out = line(&self.header);
-        out.push('\n');
-        out.push_str(&"-".repeat(width.iter().sum::<usize>() + 2 * (cols - 1)));
-        for r in &self.rows {
-            out.push('\n');
-            out.push_str(&line(r));
-        }
-        out
-    }
-}
-
-/// Thousands separators for a count.
-pub fn thousands(n: f64) -> String {
-    let s = format!("{:.0}", n.max(0.0));
-    let mut out = String::new();
-    for (i, ch) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(ch);
-    }
-    out
-}
+pub use texttable::{Table, thousands};
 
 /// Register a TrueType font for plot text (plotters' `ab_glyph` backend
 /// needs one; Debian's `fonts-dejavu-core` provides it).

@@ -359,13 +359,7 @@ fn duckdb_q1(
     batches: &[arrow::record_batch::RecordBatch],
     runs: u32,
 ) -> anyhow::Result<Duck> {
-    let script = [
-        std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/bench/duckdb_q1.py")),
-        std::path::PathBuf::from("bench/duckdb_q1.py"),
-    ]
-    .into_iter()
-    .find(|p| p.is_file())
-    .context("bench/duckdb_q1.py not found (run from the repository)")?;
+    let script = super::repo_file("bench/duckdb_q1.py")?;
     let ok = Command::new("python3")
         .args(["-c", "import duckdb, pyarrow"])
         .status()

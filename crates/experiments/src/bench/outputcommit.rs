@@ -27,7 +27,7 @@ use clap::Args;
 
 use super::CommonArgs;
 use super::fio::{Fio, fio};
-use super::server::ServerProc;
+use crate::harness::ServerProc;
 use crate::report::{Table, line_chart_png, thousands};
 
 /// Options of `rebound bench output-commit`.
@@ -347,8 +347,8 @@ pub fn run(args: OutputCommitArgs) -> anyhow::Result<std::process::ExitCode> {
         );
     }
     let intervals: &[u64] = if quick { &[20] } else { &INTERVALS_MS };
-    let work = super::server::scratch_dir()?;
-    let port = super::server::free_port()?;
+    let work = crate::harness::scratch_dir()?;
+    let port = crate::harness::free_port()?;
     for &load in &loads {
         let cells = measure(load, intervals, runtime, work.path(), port)?;
         report(load, &cells, runtime);

@@ -114,7 +114,7 @@ fn one(
 ) -> anyhow::Result<Sample> {
     let dir = tempfile::tempdir_in(work)?;
     let exe = std::env::current_exe()?;
-    let metrics = format!("127.0.0.1:{}", super::server::free_port()?);
+    let metrics = format!("127.0.0.1:{}", crate::harness::free_port()?);
     let mut child = Command::new(exe)
         .args([
             "serve",
@@ -145,7 +145,7 @@ fn one(
         .context("starting rebound serve")?;
     let admin = dir.path().join("data").join("admin.sock");
     let result = (|| {
-        crate::admin_cmd::wait_ready(&admin, Duration::from_secs(30))?;
+        crate::harness::wait_ready(&admin, Duration::from_secs(30))?;
         if let Some(group) = faulted {
             controller::admin::request(
                 &admin,
@@ -160,9 +160,9 @@ fn one(
             ..Sample::default()
         };
         if let Some(group) = faulted {
-            let text = super::server::scrape_metrics(&metrics)?;
+            let text = crate::harness::scrape_metrics(&metrics)?;
             let value = |name: &str| {
-                super::server::metric_sample(&text, &format!("{name}{{group=\"{group}\"}}"))
+                crate::harness::metric_sample(&text, &format!("{name}{{group=\"{group}\"}}"))
             };
             let recoveries = value("rebound_rcs_recoveries_total")?;
             let held_s = value("rebound_rcs_emulated_recovery_seconds_total")?;
@@ -258,8 +258,8 @@ pub fn run(args: BadPathArgs) -> anyhow::Result<std::process::ExitCode> {
     let paths: Vec<Option<&str>> = std::iter::once(None)
         .chain(groups.iter().map(|g| Some(*g)))
         .collect();
-    let work = super::server::scratch_dir()?;
-    let port = super::server::free_port()?;
+    let work = crate::harness::scratch_dir()?;
+    let port = crate::harness::free_port()?;
     // runs[policy][path] = one sample per round; the two policies of a
     // round and path run back to back (a pair), first one then the other
     // in turns, so the host's slow drifts fall on both.

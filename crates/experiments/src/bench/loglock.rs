@@ -36,7 +36,7 @@ use clap::Args;
 use loglock::{Actor, RecoveryCriterion, Requirement, TrackedMutex};
 
 use super::CommonArgs;
-use super::server::ServerProc;
+use crate::harness::ServerProc;
 use crate::report::{BarPanel, Table, bar_chart_png, progress, thousands};
 
 /// Options of `rebound bench loglock`.
@@ -343,8 +343,8 @@ struct ControllerCase {
 /// `rebound serve` under fio cache-standard for `seconds` while 1% of the
 /// writes panic inside `cache.apply`; what Log(Lock) decided.
 fn controller_case(seconds: u32) -> anyhow::Result<ControllerCase> {
-    let work = super::server::scratch_dir()?;
-    let port = super::server::free_port()?;
+    let work = crate::harness::scratch_dir()?;
+    let port = crate::harness::free_port()?;
     let (server, _, _) = ServerProc::start(work.path(), port)?;
     server.admin("inject panic cache.apply.track rate=0.01 count=unlimited")?;
     let run = super::badpath::fio_run(port, seconds);

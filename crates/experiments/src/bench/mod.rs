@@ -1,9 +1,10 @@
 //! `rebound bench ...`: experiments and benchmarks. Each one prints a table;
 //! full runs (without `--quick`) also write a PNG plot under `--out`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use anyhow::Context;
 use clap::{Args, Subcommand};
 
 mod availability;
@@ -15,7 +16,6 @@ mod lostdevice;
 mod outputcommit;
 mod rcs;
 mod recobox;
-pub(crate) mod server;
 mod smartstore;
 
 /// Arguments shared by every experiment.
@@ -57,6 +57,17 @@ pub struct CommonArgs {
     /// Directory for plots and raw results.
     #[arg(long, default_value = "bench/out")]
     pub out: PathBuf,
+}
+
+/// A file the experiments need from the repository (`bench/controller.sh`,
+/// ...): beside the sources this binary was built from, or under the
+/// working directory.
+fn repo_file(relative: &str) -> anyhow::Result<PathBuf> {
+    let built_from = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    [built_from.join(relative), PathBuf::from(relative)]
+        .into_iter()
+        .find(|p| p.is_file())
+        .with_context(|| format!("{relative} not found (run from the repository)"))
 }
 
 /// Run the selected experiment.

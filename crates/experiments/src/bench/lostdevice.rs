@@ -25,7 +25,7 @@ use clap::Args;
 
 use super::CommonArgs;
 use super::availability::{fio, iops_series, mean};
-use super::server::ServerProc;
+use crate::harness::ServerProc;
 use crate::report::{Table, line_chart_png, thousands};
 
 /// Options of `rebound bench lost-device`.
@@ -34,7 +34,7 @@ pub struct LostDeviceArgs {
     #[command(flatten)]
     common: CommonArgs,
     /// The throttled case's rebuild rate (bytes per second).
-    #[arg(long, default_value = "64M", value_parser = crate::serve::size)]
+    #[arg(long, default_value = "64M", value_parser = controller::parse_size)]
     throttled_rate: u64,
 }
 
@@ -155,8 +155,8 @@ fn run_case(case: Case, work: &Path, port: u16, quick: bool) -> anyhow::Result<O
 /// Run the experiment.
 pub fn run(args: LostDeviceArgs) -> anyhow::Result<std::process::ExitCode> {
     let quick = args.common.quick;
-    let work = super::server::scratch_dir()?;
-    let port = super::server::free_port()?;
+    let work = crate::harness::scratch_dir()?;
+    let port = crate::harness::free_port()?;
     let mut cases = vec![
         Case {
             name: "none (striping, peer)".into(),
