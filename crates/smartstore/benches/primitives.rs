@@ -63,7 +63,7 @@ fn primitives(c: &mut Criterion) {
         b.iter(|| run(&rt, &bundle, &scanned))
     });
     g.bench_function("encode the Sort's output (materialise, checkpoint)", |b| {
-        b.iter(|| smartstore::object::table_file(&sorted.0, &sorted.1).expect("encoded"))
+        b.iter(|| columnar::table_file(&sorted.0, &sorted.1).expect("encoded"))
     });
     g.finish();
 }

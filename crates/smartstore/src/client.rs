@@ -11,11 +11,11 @@ use futures::{StreamExt, TryStreamExt};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::error::{Error, Result};
-use crate::node::{
-    CheckpointCmd, FLOW_WINDOW, GetCmd, MAX_MESSAGE, PutCmd, RAW_CHUNK, RebuildCmd, ScatterCmd,
-    Stats,
-};
 use crate::plan::Fragment;
+use crate::wire::{
+    CheckpointCmd, FLOW_WINDOW, GetCmd, MAX_MESSAGE, PutCmd, RAW_CHUNK, RebuildCmd, ScatterCmd,
+    Stats, flight_encode,
+};
 
 /// How long connecting to a node may take before it counts as unreachable.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -180,7 +180,7 @@ impl NodeClient {
         batches: Vec<RecordBatch>,
     ) -> Result<Stats> {
         let messages: Vec<FlightData> =
-            crate::node::flight_encode(schema, batches, Some(Self::descriptor(&cmd)))
+            flight_encode(schema, batches, Some(Self::descriptor(&cmd)))
                 .try_collect()
                 .await
                 .map_err(|e| self.err(e))?;

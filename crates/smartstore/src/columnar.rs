@@ -42,6 +42,7 @@ use arrow::datatypes::{Schema, SchemaRef};
 use arrow::ipc::reader::StreamDecoder;
 use arrow::record_batch::RecordBatch;
 
+use crate::batch::data_bytes;
 use crate::error::{Error, Result};
 use crate::object;
 
@@ -69,6 +70,14 @@ pub fn encode(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<Vec<u8>> {
     Ok(out)
 }
 
+/// A complete table object file ([`object`]'s header around the columnar
+/// payload of `batches`), encoded in place.
+pub fn table_file(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<Vec<u8>> {
+    object::build(object::Kind::Table, |file| {
+        encode_into(file, schema, batches)
+    })
+}
+
 /// Appends the columnar payload of `batches` to `out` (offsets count from
 /// where it starts). Each segment is encoded in place, so the payload is
 /// written once (no per-column buffers copied after).
@@ -77,7 +86,7 @@ pub fn encode_into(out: &mut Vec<u8>, schema: &SchemaRef, batches: &[RecordBatch
     let n = schema.fields().len() + 1;
     // The rows' own bytes: batches sliced from one array would count the
     // whole shared buffer each under `get_array_memory_size`.
-    let data: usize = batches.iter().map(crate::node::data_bytes).sum();
+    let data: usize = batches.iter().map(data_bytes).sum();
     // The data, its IPC framing (a few hundred bytes per batch and column)
     // and the alignment padding.
     out.reserve(data + (batches.len() + 2) * n * 512 + PREFIX_LEN + n * ENTRY_LEN);
@@ -443,6 +452,18 @@ mod tests {
         assert_eq!(all, batches);
         let ((_, all), _) = read(&p, None).unwrap();
         assert_eq!(all, batches);
+    }
+
+    #[test]
+    fn a_table_file_encoded_in_place_equals_the_payload_encoded_apart() {
+        let (schema, batches) = table();
+        let apart = object::encode(object::Kind::Table, &encode(&schema, &batches).unwrap());
+        let file = table_file(&schema, &batches).unwrap();
+        assert_eq!(file, apart);
+        let (kind, payload) = object::decode(Path::new("t"), &file).unwrap();
+        assert_eq!(kind, object::Kind::Table);
+        let (_, back) = decode(Path::new("t"), payload, None).unwrap();
+        assert_eq!(back, batches);
     }
 
     #[test]

@@ -20,11 +20,12 @@ use arrow::record_batch::RecordBatch;
 use crate::client::NodeClient;
 use crate::devmodel::DeviceModel;
 use crate::error::{Error, Result};
-use crate::node::{CheckpointCmd, InProcessNode, RebuildCmd, Stats};
+use crate::node::InProcessNode;
 use crate::plan::{Fragment, Primitive};
 use crate::recovery::{FailMode, Fault, Scheme};
 use crate::redundancy::{column_groups, row_owner};
 use crate::tpch;
+use crate::wire::{CheckpointCmd, RebuildCmd, ScatterCmd, Stats};
 
 /// How the main group's data is protected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -630,7 +631,7 @@ impl Cluster {
                             } else {
                                 (self.main[p].clone(), src.to_string())
                             };
-                            let cmd = crate::node::ScatterCmd {
+                            let cmd = ScatterCmd {
                                 object,
                                 targets: targets.clone(),
                                 as_name: pieces[p].clone(),

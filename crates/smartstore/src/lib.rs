@@ -27,6 +27,7 @@
 //! Stored objects are checksummed ([`object`]); a damaged one is an error
 //! naming the file, never a wrong answer.
 
+pub mod batch;
 pub mod client;
 pub mod columnar;
 pub mod devmodel;
@@ -41,5 +42,6 @@ pub mod recovery;
 pub mod rungroup;
 pub use redundancy;
 pub mod tpch;
+pub mod wire;
 
 pub use error::{Error, Result};

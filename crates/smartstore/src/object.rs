@@ -116,14 +116,14 @@ pub fn ipc_encode(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<Vec<u8>
     Ok(buf)
 }
 
-/// A complete table object file: `batches` in the columnar payload of
-/// [`crate::columnar`].
-pub fn table_file(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<Vec<u8>> {
-    // The payload is encoded after room for the header, which is filled
-    // in once the payload's checksum is known: one buffer, no copy.
+/// A complete object file whose payload `fill` appends to the buffer it is
+/// handed (which already holds room for the header). The header is filled
+/// in once the payload's checksum is known: one buffer, no copy. A table
+/// object is built so by [`crate::columnar`].
+pub fn build(kind: Kind, fill: impl FnOnce(&mut Vec<u8>) -> Result<()>) -> Result<Vec<u8>> {
     let mut file = vec![0u8; HEADER_LEN];
-    crate::columnar::encode_into(&mut file, schema, batches)?;
-    seal(Kind::Table, &mut file);
+    fill(&mut file)?;
+    seal(kind, &mut file);
     Ok(file)
 }
 
@@ -165,41 +165,6 @@ pub fn read_file(path: &Path) -> Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_table_file_encoded_in_place_equals_the_payload_encoded_apart() {
-        use arrow::array::{Int64Array, StringArray};
-        use arrow::datatypes::{DataType, Field, Schema};
-        use std::sync::Arc;
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("k", DataType::Int64, false),
-            Field::new("s", DataType::Utf8, true),
-        ]));
-        let batches: Vec<RecordBatch> = (0..3)
-            .map(|b| {
-                RecordBatch::try_new(
-                    schema.clone(),
-                    vec![
-                        Arc::new(Int64Array::from_iter_values(0..(7 + b))),
-                        Arc::new(StringArray::from_iter(
-                            (0..(7 + b)).map(|i| (i % 2 == 0).then(|| format!("v{i}"))),
-                        )),
-                    ],
-                )
-                .unwrap()
-            })
-            .collect();
-        let apart = encode(
-            Kind::Table,
-            &crate::columnar::encode(&schema, &batches).unwrap(),
-        );
-        let file = table_file(&schema, &batches).unwrap();
-        assert_eq!(file, apart);
-        let (kind, payload) = decode(Path::new("t"), &file).unwrap();
-        assert_eq!(kind, Kind::Table);
-        let (_, back) = crate::columnar::decode(Path::new("t"), payload, None).unwrap();
-        assert_eq!(back, batches);
-    }
 
     #[test]
     fn every_single_byte_flip_is_detected() {
