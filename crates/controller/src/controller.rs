@@ -20,37 +20,21 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::cache::{Cache, DirtyJournal};
-use crate::config::{Config, ConfigError, FlushPolicy};
-use crate::ctlblock::ControlBlocks;
-use crate::destage::DestageQueue;
-use crate::devqueue::DeviceQueue;
-use crate::journal::{BoxJournal, VolumeIdentity};
+use crate::backend::devqueue::DeviceQueue;
+use crate::backend::volume::{Volume, VolumeError};
+use crate::config::{Config, ConfigError};
+use crate::engine::ctlblock::ControlBlocks;
+use crate::engine::destage::DestageQueue;
+use crate::engine::system::SystemRecovery;
+use crate::engine::{Engine, Groups};
 use crate::limits::{MAX_PAYLOAD_BYTES, TRACK_BYTES};
-use crate::metrics::{Gauges, Metrics};
+use crate::metrics::Metrics;
 use crate::nbd::handshake::ExportInfo;
-use crate::nvs::{Nvs, NvsError, ScanReport};
 use crate::recovery::{RecoveryLog, Rung};
-use crate::system::{SystemError, SystemRecovery, SystemReport};
+use crate::store::cache::{Cache, DirtyJournal};
+use crate::store::journal::{BoxJournal, VolumeIdentity};
+use crate::store::nvs::{Nvs, NvsError, ScanReport};
 use crate::timer::Timer;
-use crate::volume::{Volume, VolumeError};
-
-/// The recovery groups of the controller's components.
-#[derive(Debug, Clone, Copy)]
-pub struct Groups {
-    /// Host adapter.
-    pub host: rcs::GroupId,
-    /// Cache.
-    pub cache: rcs::GroupId,
-    /// NVS.
-    pub nvs: rcs::GroupId,
-    /// Device manager.
-    pub device: rcs::GroupId,
-    /// Destage.
-    pub destage: rcs::GroupId,
-    /// Background work.
-    pub background: rcs::GroupId,
-}
 
 /// Why a controller could not start.
 #[derive(Debug, thiserror::Error)]
@@ -102,56 +86,37 @@ pub struct StartupReport {
     pub elapsed: Duration,
 }
 
-/// A running controller.
+/// A running controller: the [`Engine`] it composes, the task runtime
+/// that runs the engine's tasks, and what start-up found. The host and
+/// control layers take an `Arc<Controller>` and reach the engine's state
+/// through [`Deref`](std::ops::Deref).
 pub struct Controller {
-    pub(crate) config: Config,
-    pub(crate) volume: Volume,
-    pub(crate) nvs: Nvs,
-    pub(crate) cache: Cache,
-    pub(crate) destage: DestageQueue,
-    pub(crate) scrub: crate::scrub::ScrubStats,
-    pub(crate) journal: Arc<BoxJournal>,
-    pub(crate) metrics: Metrics,
-    pub(crate) export: ExportInfo,
-    pub(crate) groups: Groups,
-    pub(crate) rt: rcs::Handle,
+    engine: Arc<Engine>,
     runtime: Mutex<Option<rcs::Runtime>>,
-    pub(crate) timer: Timer,
-    pub(crate) stopping: AtomicBool,
-    /// Every recovery the controller performed.
-    pub(crate) recoveries: Arc<RecoveryLog>,
-    /// Rung 4's gate, quiesce flag and parked requests.
-    pub(crate) system: SystemRecovery,
-    /// What the recovery box describes (checked again by rung 4).
-    pub(crate) identity: VolumeIdentity,
-    /// One submission queue per device.
-    pub(crate) queues: Vec<DeviceQueue>,
-    /// Request control blocks.
-    pub(crate) blocks: ControlBlocks,
-    /// Rung 3: epochs, checkpoints, output commit.
-    pub(crate) epochs: crate::epoch::Epochs,
-    /// Shut down: the checkpoint thread stops.
-    closed: AtomicBool,
     startup: StartupReport,
+}
+
+impl std::ops::Deref for Controller {
+    type Target = Engine;
+
+    fn deref(&self) -> &Engine {
+        &self.engine
+    }
 }
 
 impl std::fmt::Debug for Controller {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Controller")
-            .field("listen", &self.config.listen)
-            .field("volume", &self.volume.label())
+            .field("engine", &self.engine)
             .finish_non_exhaustive()
     }
 }
 
-/// The controller, once built: rcs's system-level callback needs it, and
-/// the runtime is built before it.
-type LateController = Arc<std::sync::OnceLock<std::sync::Weak<Controller>>>;
+/// The engine, once built: rcs's system-level callback needs it, and the
+/// runtime is built before it.
+type LateEngine = Arc<std::sync::OnceLock<std::sync::Weak<Engine>>>;
 
-fn build_runtime(
-    config: &Config,
-    late: &LateController,
-) -> Result<(rcs::Runtime, Groups), OpenError> {
+fn build_runtime(config: &Config, late: &LateEngine) -> Result<(rcs::Runtime, Groups), OpenError> {
     let workers = if config.workers == 0 {
         std::thread::available_parallelism().map_or(2, |n| n.get())
     } else {
@@ -182,8 +147,8 @@ fn build_runtime(
     let slot = Arc::clone(late);
     b.system_recovery(move |f: &rcs::SystemFailure| {
         match slot.get().and_then(std::sync::Weak::upgrade) {
-            Some(ctl) => crate::system::escalate(
-                &ctl,
+            Some(engine) => crate::engine::system::escalate(
+                &engine,
                 format!("rcs escalated ({}): {}", f.cause.name(), f.failure),
             ),
             None => tracing::error!(cause = f.cause.name(), failure = %f.failure,
@@ -247,7 +212,8 @@ fn recover_state(
                     return Ok((journal, cache, RestartKind::Fast, None));
                 }
                 Err(e) => Some(
-                    crate::journal::FastRestartRefused::NvsDisagrees(e.to_string()).to_string(),
+                    crate::store::journal::FastRestartRefused::NvsDisagrees(e.to_string())
+                        .to_string(),
                 ),
             },
             Err(refused) => Some(refused.to_string()),
@@ -345,7 +311,7 @@ impl Controller {
         let (journal, cache, kind, scan) =
             recover_state(&config, identity, &nvs, frames, &destage, fresh)?;
         let replayed_tracks = cache.dirty_tracks();
-        let late = LateController::default();
+        let late = LateEngine::default();
         let (runtime, groups) = build_runtime(&config, &late)?;
         let export = ExportInfo {
             name: "rebound".into(),
@@ -360,7 +326,7 @@ impl Controller {
             max_payload_bytes: MAX_PAYLOAD_BYTES,
         };
         let blocks = ControlBlocks::new(config.control_blocks);
-        let epochs = crate::epoch::Epochs::new(
+        let epochs = crate::engine::epoch::Epochs::new(
             config.output_commit.0,
             config.checkpoint_interval,
             config.commit_when_idle,
@@ -370,16 +336,15 @@ impl Controller {
         let queues = (0..config.devices)
             .map(|_| DeviceQueue::new(config.device_queue_depth))
             .collect();
-        let ctl = Arc::new(Self {
+        let engine = Arc::new(Engine {
             rt: runtime.handle(),
-            runtime: Mutex::new(Some(runtime)),
             timer: Timer::start("rebound-timer")?,
             config,
             volume,
             nvs,
             cache,
             destage,
-            scrub: crate::scrub::ScrubStats::default(),
+            scrub: crate::engine::scrub::ScrubStats::default(),
             journal,
             metrics: Metrics::default(),
             export,
@@ -392,6 +357,11 @@ impl Controller {
             blocks,
             epochs,
             closed: AtomicBool::new(false),
+        });
+        let _ = late.set(Arc::downgrade(&engine));
+        let ctl = Arc::new(Self {
+            engine,
+            runtime: Mutex::new(Some(runtime)),
             startup: StartupReport {
                 kind,
                 scan,
@@ -399,7 +369,6 @@ impl Controller {
                 elapsed: started.elapsed(),
             },
         });
-        let _ = late.set(Arc::downgrade(&ctl));
         if replayed_tracks > 0 {
             tracing::info!(
                 tracks = replayed_tracks,
@@ -443,194 +412,33 @@ impl Controller {
                 0,
             ),
         }
-        for entry in &ctl.config.inject {
-            let armed = crate::admin::execute(&format!("inject {entry}"), &ctl).map_err(|e| {
-                ConfigError::Invalid {
+        let engine = &ctl.engine;
+        for entry in &engine.config.inject {
+            let words: Vec<&str> = entry.split_whitespace().collect();
+            let armed = crate::faults::Fault::parse(&words)
+                .and_then(|fault| crate::engine::inject::arm(engine, &fault))
+                .map_err(|e| ConfigError::Invalid {
                     setting: "inject",
                     message: format!("{entry:?}: {e}"),
-                }
-            })?;
+                })?;
             tracing::warn!(fault = %armed.trim(), "fault armed by the configuration");
         }
-        ctl.epochs.rebase(&ctl);
-        crate::epoch::start(&ctl)?;
-        crate::destage::start_tick(&ctl);
-        crate::destage::kick(&ctl);
-        crate::scrub::start(&ctl);
+        engine.epochs.rebase(engine);
+        crate::engine::epoch::start(engine)?;
+        crate::engine::destage::start_tick(engine);
+        crate::engine::destage::kick(engine);
+        crate::engine::scrub::start(engine);
         Ok(ctl)
     }
 
-    /// Whether [`Controller::shutdown`] finished.
-    pub fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::SeqCst)
-    }
-
-    /// Rung 3's epochs and output gate.
-    pub fn epochs(&self) -> &crate::epoch::Epochs {
-        &self.epochs
-    }
-
-    /// Rung 3: roll the controller's state back to the last checkpoint and
-    /// run the open epoch's requests again. Runs on the calling thread (not
-    /// a worker).
-    pub fn rollback(
-        self: &Arc<Self>,
-        cause: &str,
-    ) -> Result<crate::system::RollbackReport, SystemError> {
-        crate::system::rollback(self, cause)
-    }
-
-    /// Rung 4: quiesce, rebuild the in-memory state from the recovery box
-    /// (or an NVS scan) and redrive the requests in flight, in process;
-    /// connections stay up. Runs on the calling thread (not a worker).
-    pub fn system_recover(self: &Arc<Self>, cause: &str) -> Result<SystemReport, SystemError> {
-        crate::system::recover(self, cause)
-    }
-
-    /// Rung 4's state (requests in the pipeline, whether it runs).
-    pub fn system(&self) -> &SystemRecovery {
-        &self.system
-    }
-
-    /// The submission queue of the device holding `track` (the volume
-    /// stripes tracks round-robin over its devices).
-    pub(crate) fn queue(&self, track: u64) -> (usize, &DeviceQueue) {
-        let i = (track % self.queues.len() as u64) as usize;
-        (i, &self.queues[i])
-    }
-
-    /// The devices' submission queues.
-    pub fn device_queues(&self) -> &[DeviceQueue] {
-        &self.queues
-    }
-
-    /// The configuration.
-    pub fn config(&self) -> &Config {
-        &self.config
+    /// The engine this controller composes.
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
     }
 
     /// What start-up found.
     pub fn startup(&self) -> &StartupReport {
         &self.startup
-    }
-
-    /// The export as clients see it.
-    pub fn export(&self) -> &ExportInfo {
-        &self.export
-    }
-
-    /// The metrics.
-    pub fn metrics(&self) -> &Metrics {
-        &self.metrics
-    }
-
-    /// The recovery log.
-    pub fn recoveries(&self) -> &RecoveryLog {
-        &self.recoveries
-    }
-
-    /// The task runtime.
-    pub fn runtime(&self) -> &rcs::Handle {
-        &self.rt
-    }
-
-    /// The recovery groups.
-    pub fn groups(&self) -> Groups {
-        self.groups
-    }
-
-    /// Values for the metrics exposition.
-    pub fn gauges(&self) -> Gauges {
-        let s = self.cache.stats();
-        let total = u64::from(self.nvs.slot_count());
-        let rcs = self.rt.metrics();
-        Gauges {
-            cache: (
-                s.hits.load(Ordering::Relaxed),
-                s.nvs_hits.load(Ordering::Relaxed),
-                s.misses.load(Ordering::Relaxed),
-            ),
-            frames_rebuilt: s.frames_rebuilt.load(Ordering::Relaxed),
-            nvs: (total - u64::from(self.nvs.free_slots()), total),
-            dirty_tracks: self.cache.dirty_tracks(),
-            lost_tracks: crate::destage::lost_tracks(self).len() as u64,
-            scrub: (
-                self.scrub.checked.load(Ordering::Relaxed),
-                self.scrub.repaired.load(Ordering::Relaxed),
-            ),
-            rungs: Rung::ALL
-                .iter()
-                .map(|&rung| match rung {
-                    // Group recoveries are performed and timed by rcs.
-                    Rung::Group => {
-                        let groups = rcs.groups.iter();
-                        crate::metrics::RungTotals {
-                            rung: rung as u8,
-                            name: rung.name(),
-                            count: groups.clone().map(|g| g.recoveries).sum(),
-                            seconds: groups
-                                .map(|g| {
-                                    g.recovery_time.mean.as_secs_f64()
-                                        * g.recovery_time.count as f64
-                                })
-                                .sum(),
-                            requests: 0,
-                        }
-                    }
-                    _ => crate::metrics::RungTotals {
-                        rung: rung as u8,
-                        name: rung.name(),
-                        count: self.recoveries.count(rung),
-                        seconds: self.recoveries.time(rung).as_secs_f64(),
-                        requests: self.recoveries.requests(rung),
-                    },
-                })
-                .collect(),
-            rcs: Some(rcs),
-            control_blocks: (u64::from(self.blocks.available()), self.blocks.counts().1),
-            device_queue: self.queues.iter().fold((0, 0), |(f, u), q| {
-                (f + q.full_count(), u + q.unsolicited_count())
-            }),
-            volume: self
-                .volume
-                .health()
-                .iter()
-                .filter(|h| h.state != "online")
-                .fold((0, 0), |(n, left), h| {
-                    (n + 1, left + h.slots - h.rebuilt_slots)
-                }),
-        }
-    }
-
-    /// Prometheus text.
-    pub fn render_metrics(&self) -> String {
-        self.metrics.render(&self.gauges())
-    }
-
-    /// The recovery box journal.
-    pub fn journal(&self) -> &Arc<BoxJournal> {
-        &self.journal
-    }
-
-    /// Tracks not yet destaged.
-    pub fn dirty_tracks(&self) -> u64 {
-        self.cache.dirty_tracks()
-    }
-
-    /// Destage every dirty track and make the devices durable (the work of
-    /// FLUSH, and of a clean shutdown).
-    pub fn flush_all(&self) -> std::io::Result<()> {
-        crate::destage::destage_all(self)?;
-        self.sync_durable()
-    }
-
-    /// Make what is destaged durable where `--flush` says: `fdatasync`
-    /// the devices, or `msync` the NVS (the end of every FLUSH).
-    pub(crate) fn sync_durable(&self) -> std::io::Result<()> {
-        match self.config.flush {
-            FlushPolicy::Devices => self.volume.sync(),
-            FlushPolicy::Nvs => self.nvs.sync().map_err(std::io::Error::other),
-        }
     }
 
     /// Stop: refuse new work, destage everything, sync, stop the runtime.
@@ -640,21 +448,14 @@ impl Controller {
         let flushed = self.flush_all();
         if self.epochs.enabled() {
             // Release what the last epoch holds (replies, device writes).
-            self.epochs.commit(self);
+            self.epochs.commit(&self.engine);
         }
-        self.closed.store(true, Ordering::SeqCst);
+        self.engine.closed.store(true, Ordering::SeqCst);
         if let Some(rt) = self.runtime.lock().take() {
             rt.shutdown(Duration::from_secs(10));
         }
         self.timer.stop();
         self.nvs.close();
         flushed
-    }
-}
-
-impl Drop for Controller {
-    fn drop(&mut self) {
-        self.timer.stop();
-        self.nvs.close();
     }
 }

@@ -108,7 +108,7 @@ pub struct Gauges {
     /// Dirty tracks.
     pub dirty_tracks: u64,
     /// Tracks whose newest data is lost (a damaged NVS record, no cached
-    /// copy; see [`crate::destage`]).
+    /// copy; see [`crate::engine::destage`]).
     pub lost_tracks: u64,
     /// Scrub: NVS records checked, and damaged ones repaired from the cache.
     pub scrub: (u64, u64),

@@ -190,6 +190,11 @@ impl FaultPoint {
         }
     }
 
+    /// The point's name (what [`arm`] takes).
+    pub const fn name(&self) -> &'static str {
+        self.name
+    }
+
     /// Evaluate the point: `Ok` unless it is armed and fires a failure
     /// (a `Panic` action panics, a `Delay` sleeps and returns `Ok`).
     #[inline]

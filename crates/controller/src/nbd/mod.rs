@@ -1,6 +1,6 @@
 //! The NBD protocol: wire format ([`proto`]) and the handshake
 //! ([`handshake`]); the transmission phase is in
-//! [`connection`](crate::connection) and [`datapath`](crate::datapath).
+//! [`connection`](crate::host::connection) and [`datapath`](crate::engine::datapath).
 
 pub mod handshake;
 pub mod proto;

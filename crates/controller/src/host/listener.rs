@@ -141,7 +141,7 @@ fn accept_loop(
         let spawned = std::thread::Builder::new()
             .name(format!("nbd-conn-{id}"))
             .spawn(move || {
-                crate::connection::serve(Arc::clone(&c), stream, id);
+                crate::host::connection::serve(Arc::clone(&c), stream, id);
                 c.metrics.connections.fetch_sub(1, Ordering::Relaxed);
                 l.lock().streams.remove(&id);
             });

@@ -19,9 +19,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use parking_lot::Mutex;
 use recobox::{CreateOptions, ItemId, RecoveryBox, TypeId, TypeSpec};
 
-use crate::cache::{Dirty, DirtyJournal, NO_HANDLE};
 use crate::limits::TRACK_BYTES;
-use crate::nvs::ScannedRecord;
+use crate::store::cache::{Dirty, DirtyJournal, NO_HANDLE};
+use crate::store::nvs::ScannedRecord;
 
 const VOLUME_TYPE: u64 = 1;
 const DIRTY_TYPE: u64 = 2;

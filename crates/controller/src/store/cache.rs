@@ -42,7 +42,7 @@ use parking_lot::{Mutex, RwLock};
 use rustc_hash::FxHashMap;
 
 use crate::limits::{CACHE_SHARDS, TRACK_BYTES};
-use crate::nvs::{Nvs, NvsError};
+use crate::store::nvs::{Nvs, NvsError};
 
 const NO_FRAME: u32 = u32::MAX;
 /// "No journal record" handle.
@@ -945,7 +945,7 @@ impl Cache {
     /// to its value there (`image`), and drop every cached copy. The
     /// checkpoint's records are made valid in the NVS again first (an
     /// epoch's supersede or zeroing invalidated them; their slots were not
-    /// given back, see [`crate::epoch::Epochs::retire`]), then the journal
+    /// given back, see [`crate::engine::epoch::Epochs::retire`]), then the journal
     /// is told. Returns the tracks put back. Callers quiesce and hold the
     /// epoch cut; no destage is in flight.
     pub fn roll_back_changes(&self, nvs: &Nvs, image: impl Fn(u64) -> Option<Dirty>) -> u64 {
@@ -1044,7 +1044,7 @@ impl Cache {
             .and_then(|e| e.dirty.or(e.destaging))?;
         shard.drop_frame(track);
         shard.epoch += 1;
-        nvs.damage_slot(d.slot, crate::nvs::SLOT_HEADER_BYTES + 100);
+        nvs.damage_slot(d.slot, crate::store::nvs::SLOT_HEADER_BYTES + 100);
         Some(d)
     }
 

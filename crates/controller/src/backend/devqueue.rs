@@ -22,10 +22,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use rcs::fault::FaultPoint;
-
-/// Fault point: a submission is refused as if the queue were full.
-pub static QUEUE_FULL_POINT: FaultPoint = FaultPoint::new("device.queue-full");
 
 /// First back-off after a full queue.
 pub const BACKOFF_MIN: Duration = Duration::from_micros(50);
@@ -102,7 +98,7 @@ impl DeviceQueue {
     /// Take a slot for one I/O.
     pub fn submit(&self) -> Result<Tag, QueueFull> {
         let full = QueueFull { depth: self.depth };
-        if QUEUE_FULL_POINT.check().is_err() {
+        if crate::faults::DEVICE_QUEUE_FULL.check().is_err() {
             self.full.fetch_add(1, Ordering::Relaxed);
             return Err(full);
         }

@@ -17,7 +17,7 @@
 //!   that record and the copy matches the data checksum in its header, so
 //!   the record becomes exactly what was written (rung 1, recorded);
 //! - data damaged and no such frame: the track is lost
-//!   ([`crate::destage::note_lost`]): reads answer `EIO` from now on, not
+//!   ([`crate::engine::destage::note_lost`]): reads answer `EIO` from now on, not
 //!   after the data has been served from a frame that is then evicted;
 //! - the slot does not hold the record the directory names
 //!   ([`NvsError::Corrupt`]) while the directory still names it: the
@@ -34,8 +34,8 @@
 //! recovery (rung 4) quiesces the controller or the server stops; the next
 //! pass starts an interval after a pass ends.
 //!
-//! [`NvsError::Damaged`]: crate::nvs::NvsError::Damaged
-//! [`NvsError::Corrupt`]: crate::nvs::NvsError::Corrupt
+//! [`NvsError::Damaged`]: crate::store::nvs::NvsError::Damaged
+//! [`NvsError::Corrupt`]: crate::store::nvs::NvsError::Corrupt
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -43,10 +43,10 @@ use std::time::{Duration, Instant};
 
 use rcs::Priority;
 
-use crate::cache::Dirty;
-use crate::controller::Controller;
-use crate::nvs::NvsError;
+use crate::engine::Engine;
 use crate::recovery::Rung;
+use crate::store::cache::Dirty;
+use crate::store::nvs::NvsError;
 
 /// Records checked by one scrub task before it hands its worker back.
 pub const SCRUB_BATCH: usize = 1024;
@@ -85,14 +85,14 @@ impl ScrubStats {
 }
 
 /// Start the scrub's timer (nothing when `scrub_interval` is zero).
-pub(crate) fn start(ctl: &Arc<Controller>) {
+pub(crate) fn start(ctl: &Arc<Engine>) {
     let interval = ctl.config.scrub_interval;
     if !interval.is_zero() {
         schedule(Arc::downgrade(ctl), ctl, interval);
     }
 }
 
-fn schedule(weak: Weak<Controller>, ctl: &Controller, interval: Duration) {
+fn schedule(weak: Weak<Engine>, ctl: &Engine, interval: Duration) {
     ctl.timer.after(interval, move || {
         let Some(ctl) = weak.upgrade() else { return };
         if ctl.stopping.load(Ordering::Relaxed) {
@@ -113,7 +113,7 @@ fn schedule(weak: Weak<Controller>, ctl: &Controller, interval: Duration) {
 /// unless it was handed on to a following task: the scrub never stops
 /// while the server runs.
 struct Pass {
-    ctl: Arc<Controller>,
+    ctl: Arc<Engine>,
     /// Records still to check (from the end); `None`: take a snapshot of
     /// the directory first.
     records: Option<Vec<(u64, Dirty)>>,
@@ -169,7 +169,7 @@ fn batch(mut pass: Pass) {
         for &t in &inconsistent {
             ctl.epochs.suspect(t);
         }
-        crate::system::escalate(
+        crate::engine::system::escalate(
             &ctl,
             format!(
                 "the scrub found {} directory entries naming records their NVS slots do not hold (first: track {})",
@@ -198,7 +198,7 @@ fn batch(mut pass: Pass) {
 
 /// Check one record the directory named when the pass began. False: the
 /// directory entry is inconsistent (escalate).
-fn check(ctl: &Controller, track: u64, d: Dirty) -> bool {
+fn check(ctl: &Engine, track: u64, d: Dirty) -> bool {
     let stats = &ctl.scrub;
     let still_newest = || ctl.cache.newest_record(track) == Some(d);
     match ctl.nvs.verify_record(d.slot, track, d.seq) {
@@ -230,7 +230,7 @@ fn check(ctl: &Controller, track: u64, d: Dirty) -> bool {
                     0,
                 );
             } else if still_newest()
-                && crate::destage::note_lost(ctl, track, slot, seq, "the scrub")
+                && crate::engine::destage::note_lost(ctl, track, slot, seq, "the scrub")
             {
                 stats.lost.fetch_add(1, Ordering::Relaxed);
             }

@@ -18,10 +18,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
-use rcs::fault::FaultPoint;
-
-/// Fault point: a request's release of its control block is lost (leak).
-pub static LEAK_POINT: FaultPoint = FaultPoint::new("host.cb-leak");
 
 /// A request's liveness token: alive while the request is.
 pub type Liveness = Arc<()>;
@@ -102,7 +98,7 @@ impl ControlBlocks {
     /// Give a block back (the request's clean-up). The `host.cb-leak`
     /// fault point loses the release.
     pub fn release(&self, block: Block) {
-        if LEAK_POINT.check().is_err() {
+        if crate::faults::HOST_CB_LEAK.check().is_err() {
             self.leaked.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(
                 block = block.index,

@@ -1,6 +1,6 @@
 //! The volume: its label (identity, geometry, redundancy and which devices
 //! are lost, kept in `data_dir`), its devices, and track I/O through the
-//! [`crate::raid`] layout, degraded when a device is lost and rebuilt onto
+//! [`crate::backend::raid`] layout, degraded when a device is lost and rebuilt onto
 //! a replacement while the volume serves (DESIGN.md failure model: "a lost
 //! device"; the data reconstruction rung).
 //!
@@ -71,7 +71,7 @@
 //! and a device lost before the NVS redoes the write (its file gone at the
 //! restart) would rebuild another member of that stripe from the stale
 //! parity. So a parity write logs its partial parity first (the partial
-//! parity log, `ppl.log`, [`crate::ppl`]), and opening the volume replays
+//! parity log, `ppl.log`, [`crate::backend::ppl`]), and opening the volume replays
 //! the log before any rebuild: torn stripes are made whole.
 //!
 //! A second loss in the same stripe (or of both copies) makes those tracks
@@ -87,12 +87,12 @@ use std::time::{Duration, Instant};
 use parking_lot::{Mutex, MutexGuard, RwLock};
 use redundancy::xor_into;
 
-use crate::ppl::{Intent, PartialParityLog};
+use crate::backend::ppl::{Intent, PartialParityLog};
 use serde::{Deserialize, Serialize};
 
-use crate::device::{Device, FileDevice};
+use crate::backend::device::{Device, FileDevice};
+use crate::backend::raid::{Layout, Owner, Place, Raid};
 use crate::limits::TRACK_BYTES;
-use crate::raid::{Layout, Owner, Place, Raid};
 use crate::recovery::{RecoveryLog, Rung};
 
 /// Slots rebuilt between two records of the rebuilt prefix in the label.
@@ -273,7 +273,7 @@ struct Inner {
     /// Injected faults: this many more writes to a replacement during a
     /// rebuild fail (`rebound inject rebuild-error`).
     rebuild_faults: AtomicU64,
-    /// Parity volumes: the partial parity log (`crate::ppl`), entry
+    /// Parity volumes: the partial parity log (`crate::backend::ppl`), entry
     /// `stripe % STRIPE_LOCKS` for a track write (writes sharing an entry
     /// share a lock), entry [`ZERO_INTENT`] for zeroing.
     ppl: Option<PartialParityLog>,
@@ -1000,7 +1000,7 @@ impl Inner {
                 self.xor_of(stripe, others.iter().copied(), &mut p)?;
                 // `p` is the partial parity now: logged before the data
                 // slot changes, so a crash between the two writes leaves a
-                // stripe the replay makes whole (crate::ppl).
+                // stripe the replay makes whole (crate::backend::ppl).
                 match (&self.ppl, du) {
                     (Some(log), Use::Good) => log
                         .record_write(entry, stripe, dd, &p)

@@ -36,7 +36,7 @@
 //! TRIM / WRITE_ZEROES over it supersedes the damaged record and ends the
 //! loss.
 //!
-//! [`NvsError::Damaged`]: crate::nvs::NvsError::Damaged
+//! [`NvsError::Damaged`]: crate::store::nvs::NvsError::Damaged
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use rcs::Priority;
 
-use crate::controller::Controller;
+use crate::engine::Engine;
 use crate::limits::{DESTAGE_BATCH_TRACKS, DESTAGE_TASKS_MAX, TRACK_BYTES};
 use crate::recovery::Rung;
 
@@ -68,7 +68,7 @@ pub(crate) enum Forced {
 }
 
 /// One attempt to destage `track` now, without waiting.
-pub(crate) fn try_force(ctl: &Controller, track: u64) -> std::io::Result<Forced> {
+pub(crate) fn try_force(ctl: &Engine, track: u64) -> std::io::Result<Forced> {
     match one(ctl, track) {
         Ok(true) => Ok(Forced::Done),
         Ok(false) if !ctl.cache.is_dirty(track) => Ok(Forced::Done),
@@ -135,7 +135,7 @@ impl DestageQueue {
 /// cached copy exists: the track is lost (see the module doc). Recorded
 /// once per record; `found_by` names who found it. Whether this call
 /// recorded it (false: known already).
-pub(crate) fn note_lost(ctl: &Controller, track: u64, slot: u32, seq: u64, found_by: &str) -> bool {
+pub(crate) fn note_lost(ctl: &Engine, track: u64, slot: u32, seq: u64, found_by: &str) -> bool {
     if ctl.destage.lost.lock().insert(track, seq) == Some(seq) {
         return false;
     }
@@ -159,7 +159,7 @@ pub(crate) fn note_lost(ctl: &Controller, track: u64, slot: u32, seq: u64, found
 
 /// Tracks lost now, lowest first: the damaged record is still the track's
 /// newest (losses that a later write or zeroing ended are forgotten).
-pub(crate) fn lost_tracks(ctl: &Controller) -> Vec<u64> {
+pub(crate) fn lost_tracks(ctl: &Engine) -> Vec<u64> {
     let mut lost = ctl.destage.lost.lock();
     lost.retain(|&t, &mut seq| ctl.cache.newest_record(t).is_some_and(|d| d.seq == seq));
     let mut tracks: Vec<u64> = lost.keys().copied().collect();
@@ -172,14 +172,14 @@ pub(crate) fn lost_tracks(ctl: &Controller) -> Vec<u64> {
 /// kicks at once. A write is acknowledged from the NVS, so waiting costs no
 /// safety, and a destage task per batch instead of per write spares a
 /// worker wake-up per write.
-pub(crate) fn kick_batch(ctl: &Arc<Controller>) {
+pub(crate) fn kick_batch(ctl: &Arc<Engine>) {
     if ctl.destage.len() >= DESTAGE_BATCH_TRACKS {
         kick(ctl);
     }
 }
 
 /// Start a destage task if there is work and room for one.
-pub(crate) fn kick(ctl: &Arc<Controller>) {
+pub(crate) fn kick(ctl: &Arc<Engine>) {
     let q = &ctl.destage;
     if ctl.system.is_quiescing() {
         // Rung 4 is rebuilding the directory; it kicks destage when done.
@@ -213,7 +213,7 @@ pub(crate) fn kick(ctl: &Arc<Controller>) {
 }
 
 /// One destage task: a batch, then either another task or stop.
-fn batch(ctl: &Arc<Controller>) {
+fn batch(ctl: &Arc<Engine>) {
     let mut tracks = ctl.destage.pop_batch().into_iter();
     while let Some(track) = tracks.next() {
         if ctl.system.is_quiescing() {
@@ -276,7 +276,7 @@ fn batch(ctl: &Arc<Controller>) {
 /// Destage `track` if it is dirty and no destage of it is in flight.
 /// `Ok(false)`: nothing was done. A full device queue is
 /// [`std::io::ErrorKind::WouldBlock`]: nothing was done, retry later.
-fn one(ctl: &Controller, track: u64) -> std::io::Result<bool> {
+fn one(ctl: &Engine, track: u64) -> std::io::Result<bool> {
     let (queue_index, queue) = ctl.queue(track);
     let tag = queue.submit().map_err(|full| {
         std::io::Error::new(
@@ -320,7 +320,7 @@ fn one(ctl: &Controller, track: u64) -> std::io::Result<bool> {
 }
 
 /// End the destage of record `d` of `track`.
-fn end(ctl: &Controller, track: u64, d: crate::cache::Dirty, written: bool) {
+fn end(ctl: &Engine, track: u64, d: crate::store::cache::Dirty, written: bool) {
     let end = {
         let _changing = ctl.epochs.changing();
         ctl.cache.end_destage(&ctl.nvs, track, d, written)
@@ -342,14 +342,14 @@ fn end(ctl: &Controller, track: u64, d: crate::cache::Dirty, written: bool) {
 
 /// A held destage write reached its device at its epoch's commit (or, with
 /// `written` false, was dropped by a rollback): end its destage.
-pub(crate) fn end_held(ctl: &Controller, track: u64, d: crate::cache::Dirty, written: bool) {
+pub(crate) fn end_held(ctl: &Engine, track: u64, d: crate::store::cache::Dirty, written: bool) {
     end(ctl, track, d, written);
 }
 
 fn read_record(
-    ctl: &Controller,
+    ctl: &Engine,
     track: u64,
-    d: crate::cache::Dirty,
+    d: crate::store::cache::Dirty,
     buf: &mut [u8],
 ) -> std::io::Result<()> {
     match ctl.nvs.read_record(d.slot, track, d.seq, buf) {
@@ -358,7 +358,7 @@ fn read_record(
             if ctl.cache.dirty_copy(track, d, buf) {
                 tracing::error!(track, error = %e, "NVS record corrupt; destaging the cached copy");
                 Ok(())
-            } else if let crate::nvs::NvsError::Damaged { slot, seq, .. } = e {
+            } else if let crate::store::nvs::NvsError::Damaged { slot, seq, .. } = e {
                 let _ = note_lost(ctl, track, slot, seq, "destage");
                 Err(std::io::Error::new(std::io::ErrorKind::InvalidData, e))
             } else {
@@ -371,7 +371,7 @@ fn read_record(
 /// Destage `track` now, waiting for a destage of it already in flight.
 /// Done when this call destaged the track's newest record (at least as new
 /// as any write acknowledged before the call) or the track is clean.
-pub(crate) fn force(ctl: &Controller, track: u64) -> std::io::Result<()> {
+pub(crate) fn force(ctl: &Engine, track: u64) -> std::io::Result<()> {
     let deadline = Instant::now() + FORCE_WAIT;
     let mut waits = 0;
     loop {
@@ -382,7 +382,7 @@ pub(crate) fn force(ctl: &Controller, track: u64) -> std::io::Result<()> {
                 // Rung 1: the device queue is full (or a degraded volume
                 // holds the write until its stripe is rebuilt); back off
                 // and retry.
-                let wait = crate::devqueue::backoff(waits);
+                let wait = crate::backend::devqueue::backoff(waits);
                 if waits == 0 {
                     ctl.recoveries.record(
                         Rung::Task,
@@ -420,7 +420,7 @@ pub(crate) fn force(ctl: &Controller, track: u64) -> std::io::Result<()> {
 /// Destage every track dirty now (FLUSH, clean shutdown). Stops with
 /// [`std::io::ErrorKind::Interrupted`] when a system recovery (rung 4)
 /// starts quiescing: the FLUSH is parked and runs again after it.
-pub(crate) fn destage_all(ctl: &Controller) -> std::io::Result<()> {
+pub(crate) fn destage_all(ctl: &Engine) -> std::io::Result<()> {
     for track in ctl.cache.dirty_snapshot() {
         if ctl.system.is_quiescing() {
             return Err(std::io::Error::new(
@@ -435,11 +435,11 @@ pub(crate) fn destage_all(ctl: &Controller) -> std::io::Result<()> {
 
 /// Start the periodic tick (it stops when the controller is dropped or
 /// stopping).
-pub(crate) fn start_tick(ctl: &Arc<Controller>) {
+pub(crate) fn start_tick(ctl: &Arc<Engine>) {
     schedule_tick(Arc::downgrade(ctl), &ctl.timer);
 }
 
-fn schedule_tick(weak: Weak<Controller>, timer: &crate::timer::Timer) {
+fn schedule_tick(weak: Weak<Engine>, timer: &crate::timer::Timer) {
     timer.after(TICK, move || {
         let Some(ctl) = weak.upgrade() else { return };
         if ctl.stopping.load(Ordering::Relaxed) {

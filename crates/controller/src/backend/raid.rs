@@ -1,7 +1,7 @@
 //! Device redundancy of a volume: where each track's copies, or its stripe,
 //! live on the devices. The controller's side of the failure model's "lost
 //! device" (DESIGN.md): with redundancy a lost device costs no data; the
-//! volume serves degraded ([`crate::volume`]) until the device is replaced
+//! volume serves degraded ([`crate::backend::volume`]) until the device is replaced
 //! and rebuilt. The parity placement and the XOR are the `redundancy`
 //! crate's, the same code the smart-storage nodes use (smart-storage paper,
 //! section 3.4: "data recovery is performed by XORing ... the remaining SDs

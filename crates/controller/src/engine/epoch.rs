@@ -6,7 +6,7 @@
 //! epoch leaves the controller before the epoch commits:
 //!
 //! - **replies** to hosts wait in the output gate ([`Epochs::hold_reply`]);
-//! - **device writes** go through the [pseudo-device](crate::pseudodev)
+//! - **device writes** go through the [pseudo-device](crate::backend::pseudodev)
 //!   (held, buffered, or logged);
 //! - **NVS slots** the directory stops naming are given back to the free
 //!   list only at commit ([`Epochs::retire`]), so the checkpoint's records
@@ -30,14 +30,14 @@
 //!
 //! # Rollback
 //!
-//! [`crate::system::rollback`] quiesces the pipeline (as rung 4 does),
+//! [`crate::engine::system::rollback`] quiesces the pipeline (as rung 4 does),
 //! drops the open epoch's held writes (or writes logged old data back),
 //! puts every changed directory entry back to its checkpoint value, erases
 //! the open epoch's NVS records, and runs every request of the open epoch
 //! again from its start: its header and payload were kept. Hosts see only
 //! a delay; no reply was sent for rolled-back work.
 //!
-//! [`Cache::take_changes`]: crate::cache::Cache::take_changes
+//! [`Cache::take_changes`]: crate::store::cache::Cache::take_changes
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -46,12 +46,12 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex, RwLock, RwLockReadGuard};
 use rustc_hash::FxHashMap;
 
-use crate::cache::Dirty;
+use crate::backend::pseudodev::PseudoDevice;
 use crate::config::OutputCommit;
-use crate::controller::Controller;
-use crate::datapath::Request;
+use crate::engine::Engine;
+use crate::engine::datapath::Request;
 use crate::nbd::proto::NbdError;
-use crate::pseudodev::PseudoDevice;
+use crate::store::cache::Dirty;
 
 /// A reply waiting for its epoch to commit.
 pub(crate) struct HeldReply {
@@ -131,7 +131,7 @@ impl Epochs {
         interval: Duration,
         when_idle: bool,
         dir: &std::path::Path,
-        volume: &crate::volume::Volume,
+        volume: &crate::backend::volume::Volume,
     ) -> std::io::Result<Self> {
         Ok(Self {
             scheme,
@@ -221,7 +221,7 @@ impl Epochs {
 
     /// Give NVS slots back at the commit of the open epoch (their records
     /// are invalidated already; the checkpoint may still name them).
-    pub(crate) fn retire(&self, ctl: &Controller, slots: &[u32]) {
+    pub(crate) fn retire(&self, ctl: &Engine, slots: &[u32]) {
         if slots.is_empty() {
             return;
         }
@@ -258,7 +258,7 @@ impl Epochs {
     }
 
     /// Replace the image with the whole directory (start-up, after rung 4).
-    pub(crate) fn rebase(&self, ctl: &Controller) {
+    pub(crate) fn rebase(&self, ctl: &Engine) {
         let mut image = self.image.lock();
         image.clear();
         ctl.cache.take_changes(|_, _| {});
@@ -269,13 +269,13 @@ impl Epochs {
 
     /// Commit the open epoch (the checkpoint thread every interval; rung 4
     /// before its rebuild; shutdown). Returns the epoch committed.
-    pub(crate) fn commit(&self, ctl: &Arc<Controller>) -> u64 {
+    pub(crate) fn commit(&self, ctl: &Arc<Engine>) -> u64 {
         let _serial = self.serial.lock();
         self.commit_serial(ctl)
     }
 
     /// [`Epochs::commit`] with `serial` held by the caller.
-    pub(crate) fn commit_serial(&self, ctl: &Arc<Controller>) -> u64 {
+    pub(crate) fn commit_serial(&self, ctl: &Arc<Engine>) -> u64 {
         let cut_started = Instant::now();
         let (epoch, replies, retired) = {
             let _cut = self.lock.write();
@@ -317,7 +317,7 @@ impl Epochs {
             .writes_released
             .fetch_add(writes.len() as u64, Ordering::Relaxed);
         for h in writes {
-            crate::destage::end_held(ctl, h.track, h.destage, true);
+            crate::engine::destage::end_held(ctl, h.track, h.destage, true);
         }
         let slots: Vec<u32> = retired.into_iter().map(|(_, s)| s).collect();
         ctl.nvs.release(&slots);
@@ -337,10 +337,14 @@ impl Epochs {
             .replies_released
             .fetch_add(replies.len() as u64, Ordering::Relaxed);
         // One writev per connection for the whole epoch's replies.
-        let mut corked: Vec<Arc<crate::connection::Connection>> = Vec::new();
+        let mut corked: Vec<Arc<dyn crate::engine::ReplySink>> = Vec::new();
         for r in &replies {
             let conn = &r.req.conn;
-            if !corked.iter().any(|c| Arc::ptr_eq(c, conn)) && conn.cork() {
+            if !corked
+                .iter()
+                .any(|c| crate::engine::reply::same_sink(c, conn))
+                && conn.cork()
+            {
                 corked.push(Arc::clone(conn));
             }
         }
@@ -356,7 +360,7 @@ impl Epochs {
         self.stats.commits.fetch_add(1, Ordering::Relaxed);
         if !ctl.destage.is_empty() {
             // Destages ended by this commit may have requeued tracks.
-            crate::destage::kick(ctl);
+            crate::engine::destage::kick(ctl);
         }
         epoch
     }
@@ -375,7 +379,7 @@ impl Epochs {
 
     /// After rung 4 rebuilt the directory: forget retired slots (the NVS
     /// free list was rebuilt) and rebase the image.
-    pub(crate) fn after_rebuild(&self, ctl: &Controller) {
+    pub(crate) fn after_rebuild(&self, ctl: &Engine) {
         self.retired.lock().clear();
         self.rebase(ctl);
     }
@@ -392,11 +396,11 @@ const EPOCH_MIN: Duration = Duration::from_micros(100);
 /// Start the checkpoint thread: commits every interval (and, with commits
 /// when idle, as soon as output waits and the pipeline is idle, at most
 /// every [`EPOCH_MIN`]) until the controller is gone.
-pub(crate) fn start(ctl: &Arc<Controller>) -> std::io::Result<()> {
+pub(crate) fn start(ctl: &Arc<Engine>) -> std::io::Result<()> {
     if !ctl.epochs.enabled() {
         return Ok(());
     }
-    let weak: Weak<Controller> = Arc::downgrade(ctl);
+    let weak: Weak<Engine> = Arc::downgrade(ctl);
     let interval = ctl.epochs.interval;
     std::thread::Builder::new()
         .name("rebound-epoch".into())

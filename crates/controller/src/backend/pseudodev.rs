@@ -13,7 +13,7 @@
 //! Reads of a track with a held write (stall, buffering, renaming) are
 //! served from the held copy, so a read never sees older data than the
 //! directory promises; a renamed track is read from its slot
-//! ([`crate::renamemap`]).
+//! ([`crate::backend::renamemap`]).
 //! A held write is taken off only after its data is on the target.
 //!
 //! The write's destage is not finished while its data is held: the cache
@@ -31,11 +31,58 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
-use crate::cache::Dirty;
-use crate::config::OutputCommit;
+use crate::backend::renamemap::{RenameMap, Renamed};
+use crate::backend::volume::Volume;
 use crate::limits::TRACK_BYTES;
-use crate::renamemap::{RenameMap, Renamed};
-use crate::volume::Volume;
+use crate::store::cache::Dirty;
+
+/// Rung 3's output commit (ReViveI/O): how writes to the devices are kept
+/// from escaping an epoch that may still be rolled back. `Off` disables
+/// epochs, held replies and rollback (rung 3 then escalates to rung 4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OutputCommit {
+    /// No epochs: replies and device writes leave at once.
+    #[default]
+    Off,
+    /// Hold device writes in memory until their epoch commits.
+    Stall,
+    /// Write to a buffer area at once; copy to the target after commit.
+    Buffering,
+    /// Save the old data aside, write in place; restore it on rollback.
+    Logging,
+    /// Write to a fresh location and remap the track there at commit.
+    Renaming,
+}
+
+impl OutputCommit {
+    /// The flag's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::Stall => "stall",
+            Self::Buffering => "buffering",
+            Self::Logging => "logging",
+            Self::Renaming => "renaming",
+        }
+    }
+
+    /// Parse the flag's spelling.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        Ok(match text {
+            "off" => Self::Off,
+            "stall" => Self::Stall,
+            "buffering" => Self::Buffering,
+            "logging" => Self::Logging,
+            "renaming" => Self::Renaming,
+            other => {
+                return Err(format!(
+                    "unknown output commit scheme {other:?} (off, stall, buffering, logging, renaming)"
+                ));
+            }
+        })
+    }
+}
 
 /// Where a held write's data is.
 #[derive(Debug, Clone)]

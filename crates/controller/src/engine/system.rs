@@ -38,8 +38,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 
-use crate::controller::Controller;
-use crate::datapath::{self, Request};
+use crate::engine::Engine;
+use crate::engine::datapath::{self, Request};
 use crate::recovery::Rung;
 
 /// Longest wait for the pipeline to drain before giving up on rung 4.
@@ -229,7 +229,7 @@ impl SystemRecovery {
 /// unless a recovery is running: from the last checkpoint (rung 3) when
 /// output commit is on, else (or if the rollback cannot run) rebuilt from
 /// the recovery box (rung 4).
-pub(crate) fn escalate(ctl: &Arc<Controller>, cause: String) {
+pub(crate) fn escalate(ctl: &Arc<Engine>, cause: String) {
     if ctl.system.running.load(Ordering::Acquire) {
         return;
     }
@@ -261,7 +261,7 @@ pub(crate) fn escalate(ctl: &Arc<Controller>, cause: String) {
 
 /// Run a system recovery now (on the calling thread, which must not be a
 /// worker of the runtime).
-pub fn recover(ctl: &Arc<Controller>, cause: &str) -> Result<SystemReport, SystemError> {
+pub fn recover(ctl: &Arc<Engine>, cause: &str) -> Result<SystemReport, SystemError> {
     let sys = &ctl.system;
     if sys.running.swap(true, Ordering::AcqRel) {
         return Err(SystemError::Busy);
@@ -277,7 +277,7 @@ pub fn recover(ctl: &Arc<Controller>, cause: &str) -> Result<SystemReport, Syste
     result
 }
 
-fn run(ctl: &Arc<Controller>, cause: &str) -> Result<SystemReport, SystemError> {
+fn run(ctl: &Arc<Engine>, cause: &str) -> Result<SystemReport, SystemError> {
     if ctl.stopping.load(Ordering::SeqCst) {
         return Err(SystemError::Stopping);
     }
@@ -303,7 +303,7 @@ fn run(ctl: &Arc<Controller>, cause: &str) -> Result<SystemReport, SystemError> 
 
     // Redrive.
     sys.quiescing.store(false, Ordering::SeqCst);
-    crate::destage::kick(ctl);
+    crate::engine::destage::kick(ctl);
     let redriven = parked.len() as u64;
     for req in parked {
         resume(ctl, req);
@@ -337,14 +337,14 @@ fn run(ctl: &Arc<Controller>, cause: &str) -> Result<SystemReport, SystemError> 
 /// Rebuild the cache directory, destage queue and NVS free list from the
 /// recovery box or, when the box is not trusted, an NVS scan (the pipeline
 /// is quiesced). Returns the source and why the box was refused.
-fn rebuild(ctl: &Controller) -> (RebuildSource, Option<String>) {
+fn rebuild(ctl: &Engine) -> (RebuildSource, Option<String>) {
     ctl.cache.reset();
     ctl.destage.reset();
     let mut box_refused = None;
     let mut source = RebuildSource::NvsScan;
     match ctl.journal.reread(ctl.identity) {
         Ok(rec) => {
-            let referenced = crate::journal::BoxJournal::referenced(&rec.dirty);
+            let referenced = crate::store::journal::BoxJournal::referenced(&rec.dirty);
             let next_seq = rec.next_seq.max(ctl.nvs.last_seq() + 1);
             match ctl.nvs.adopt(&referenced, next_seq) {
                 Ok(()) => {
@@ -384,7 +384,7 @@ fn rebuild(ctl: &Controller) -> (RebuildSource, Option<String>) {
 }
 
 /// Wait until no request is in a stage body and no destage task runs.
-fn quiesce(ctl: &Controller, started: Instant, rung: &str) {
+fn quiesce(ctl: &Engine, started: Instant, rung: &str) {
     let sys = &ctl.system;
     let deadline = started + QUIESCE_TIMEOUT;
     while sys.in_pipeline() > 0 || ctl.destage.inflight() > 0 {
@@ -402,9 +402,9 @@ fn quiesce(ctl: &Controller, started: Instant, rung: &str) {
 
 /// Rung 3: roll the controller's in-memory state back to the last
 /// checkpoint and run the open epoch's requests again (see
-/// [`crate::epoch`]). Runs on the calling thread, which must not be a
+/// [`crate::engine::epoch`]). Runs on the calling thread, which must not be a
 /// worker of the runtime.
-pub fn rollback(ctl: &Arc<Controller>, cause: &str) -> Result<RollbackReport, SystemError> {
+pub fn rollback(ctl: &Arc<Engine>, cause: &str) -> Result<RollbackReport, SystemError> {
     if !ctl.epochs.enabled() {
         return Err(SystemError::NoEpochs);
     }
@@ -422,7 +422,7 @@ pub fn rollback(ctl: &Arc<Controller>, cause: &str) -> Result<RollbackReport, Sy
     result
 }
 
-fn run_rollback(ctl: &Arc<Controller>, cause: &str) -> Result<RollbackReport, SystemError> {
+fn run_rollback(ctl: &Arc<Engine>, cause: &str) -> Result<RollbackReport, SystemError> {
     if ctl.stopping.load(Ordering::SeqCst) {
         return Err(SystemError::Stopping);
     }
@@ -467,9 +467,9 @@ fn run_rollback(ctl: &Arc<Controller>, cause: &str) -> Result<RollbackReport, Sy
         .cache
         .roll_back_changes(&ctl.nvs, |t| ctl.epochs.image_of(t));
     let records = ctl.cache.dirty_records();
-    let referenced: Vec<crate::nvs::ScannedRecord> = records
+    let referenced: Vec<crate::store::nvs::ScannedRecord> = records
         .iter()
-        .map(|&(track, d)| crate::nvs::ScannedRecord {
+        .map(|&(track, d)| crate::store::nvs::ScannedRecord {
             slot: d.slot,
             seq: d.seq,
             track,
@@ -510,7 +510,7 @@ fn run_rollback(ctl: &Arc<Controller>, cause: &str) -> Result<RollbackReport, Sy
     let count = rerun.len() as u64;
     sys.quiescing.store(false, Ordering::SeqCst);
     drop(serial);
-    crate::destage::kick(ctl);
+    crate::engine::destage::kick(ctl);
     for mut req in rerun {
         req.rewind();
         resume(ctl, req);
@@ -550,7 +550,7 @@ fn run_rollback(ctl: &Arc<Controller>, cause: &str) -> Result<RollbackReport, Sy
 }
 
 /// Give a parked request what it needs to run again and submit it.
-fn resume(ctl: &Arc<Controller>, mut req: Box<Request>) {
+fn resume(ctl: &Arc<Engine>, mut req: Box<Request>) {
     let needed = req.slots_to_reserve();
     if needed > 0 {
         let waited = Instant::now();
@@ -560,8 +560,10 @@ fn resume(ctl: &Arc<Controller>, mut req: Box<Request>) {
                     req.slots = slots;
                     break;
                 }
-                Err(crate::nvs::NvsError::Timeout(_)) if waited.elapsed() < RESERVE_TIMEOUT => {
-                    crate::destage::kick(ctl);
+                Err(crate::store::nvs::NvsError::Timeout(_))
+                    if waited.elapsed() < RESERVE_TIMEOUT =>
+                {
+                    crate::engine::destage::kick(ctl);
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "no NVS space to redrive a parked write");

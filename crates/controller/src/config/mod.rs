@@ -46,41 +46,14 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub use crate::backend::device::LatencyConfig;
+pub use crate::backend::pseudodev::OutputCommit;
+pub use crate::units::{parse_duration, parse_size};
+
 use crate::limits::{
     CONNECTION_THREADS_MAX, CONNECTIONS_MAX, CONTROL_BLOCKS_MAX, DEVICE_QUEUE_DEPTH_MAX,
     DEVICES_MAX, MAX_PAYLOAD_BYTES, TRACK_BYTES, VOLUME_BYTES_MAX, WORKERS_MAX,
 };
-
-/// Parse a size such as `4096`, `512K`, `256M`, `1G`, `1GiB`, `2T`
-/// (binary units).
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (digits, unit) = t.split_at(split);
-    if digits.is_empty() {
-        return Err(format!(
-            "{text:?} is not a size (examples: 4096, 512K, 256M, 1G)"
-        ));
-    }
-    let value: u64 = digits
-        .parse()
-        .map_err(|_| format!("{text:?}: number too large"))?;
-    let shift = match unit.trim().to_ascii_uppercase().as_str() {
-        "" | "B" => 0,
-        "K" | "KB" | "KIB" => 10,
-        "M" | "MB" | "MIB" => 20,
-        "G" | "GB" | "GIB" => 30,
-        "T" | "TB" | "TIB" => 40,
-        other => {
-            return Err(format!(
-                "{text:?}: unknown unit {other:?} (use K, M, G or T)"
-            ));
-        }
-    };
-    value
-        .checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("{text:?} overflows 64 bits"))
-}
 
 fn de_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
     #[derive(Deserialize)]
@@ -95,29 +68,6 @@ fn de_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
     }
 }
 
-/// Modelled device service time, for experiments (none by default).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LatencyConfig {
-    /// Fixed cost per device I/O, microseconds.
-    pub fixed_us: u64,
-    /// Cost per KiB transferred, microseconds.
-    pub per_kib_us: u64,
-}
-
-impl LatencyConfig {
-    /// The modelled service time of an I/O of `bytes`.
-    pub fn service_time(&self, bytes: usize) -> Duration {
-        let kib = (bytes as u64).div_ceil(1024);
-        Duration::from_micros(self.fixed_us + self.per_kib_us.saturating_mul(kib))
-    }
-
-    /// Whether any latency is modelled.
-    pub fn is_zero(&self) -> bool {
-        self.fixed_us == 0 && self.per_kib_us == 0
-    }
-}
-
 /// What FLUSH and FUA make durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -129,54 +79,6 @@ pub enum FlushPolicy {
     /// The NVS is the non-volatile medium (as in a controller with
     /// battery-backed NVS): `msync` the NVS region and reply.
     Nvs,
-}
-
-/// Rung 3's output commit (ReViveI/O): how writes to the devices are kept
-/// from escaping an epoch that may still be rolled back. `Off` disables
-/// epochs, held replies and rollback (rung 3 then escalates to rung 4).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum OutputCommit {
-    /// No epochs: replies and device writes leave at once.
-    #[default]
-    Off,
-    /// Hold device writes in memory until their epoch commits.
-    Stall,
-    /// Write to a buffer area at once; copy to the target after commit.
-    Buffering,
-    /// Save the old data aside, write in place; restore it on rollback.
-    Logging,
-    /// Write to a fresh location and remap the track there at commit.
-    Renaming,
-}
-
-impl OutputCommit {
-    /// The flag's spelling.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Off => "off",
-            Self::Stall => "stall",
-            Self::Buffering => "buffering",
-            Self::Logging => "logging",
-            Self::Renaming => "renaming",
-        }
-    }
-
-    /// Parse the flag's spelling.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        Ok(match text {
-            "off" => Self::Off,
-            "stall" => Self::Stall,
-            "buffering" => Self::Buffering,
-            "logging" => Self::Logging,
-            "renaming" => Self::Renaming,
-            other => {
-                return Err(format!(
-                    "unknown output commit scheme {other:?} (off, stall, buffering, logging, renaming)"
-                ));
-            }
-        })
-    }
 }
 
 impl<'de> Deserialize<'de> for OutputCommitSetting {
@@ -208,24 +110,6 @@ fn de_opt_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Dura
 /// device call short of a device that stopped answering.
 pub const HUNG_AFTER_DEADLINES: u32 = 30;
 
-/// Parse a duration such as `20ms`, `500us`, `1s`.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (digits, unit) = t.split_at(split);
-    let value: u64 = digits
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration (examples: 20ms, 500us, 1s)"))?;
-    match unit.trim() {
-        "us" => Ok(Duration::from_micros(value)),
-        "ms" => Ok(Duration::from_millis(value)),
-        "s" => Ok(Duration::from_secs(value)),
-        other => Err(format!(
-            "{text:?}: unknown unit {other:?} (use us, ms or s)"
-        )),
-    }
-}
-
 /// The configuration of one controller.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -239,8 +123,8 @@ pub struct Config {
     pub volume_size: u64,
     /// Backend device files the volume is striped over (track by track).
     pub devices: u32,
-    /// Redundancy across the devices ([`crate::raid`]).
-    pub raid: crate::raid::Raid,
+    /// Redundancy across the devices ([`crate::backend::raid`]).
+    pub raid: crate::backend::raid::Raid,
     /// Bytes per second a lost device's rebuild may write (0: unthrottled).
     #[serde(deserialize_with = "de_size")]
     pub rebuild_rate: u64,
@@ -306,7 +190,7 @@ pub struct Config {
     /// pipeline (at most every 100 µs), instead of only every interval.
     pub commit_when_idle: bool,
     /// How often the scrub checks the data of every dirty NVS record
-    /// ([`crate::scrub`]); zero: off.
+    /// ([`crate::engine::scrub`]); zero: off.
     #[serde(deserialize_with = "de_duration")]
     pub scrub_interval: Duration,
     /// Modelled device latency.
@@ -324,7 +208,7 @@ impl Default for Config {
             data_dir: PathBuf::from("./rebound-data"),
             volume_size: 1 << 30,
             devices: 1,
-            raid: crate::raid::Raid::None,
+            raid: crate::backend::raid::Raid::None,
             rebuild_rate: 0,
             nvs: None,
             nvs_size: 256 << 20,
@@ -458,27 +342,15 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         for entry in &self.inject {
             let words: Vec<&str> = entry.split_whitespace().collect();
-            match words.as_slice() {
-                ["panic" | "fail" | "delay" | "hang", point, ..] => {
-                    if !crate::admin::FAULT_POINTS.contains(point) {
-                        return Err(invalid(
-                            "inject",
-                            format!(
-                                "{entry:?}: unknown fault point {point:?}; points: {}",
-                                crate::admin::FAULT_POINTS.join(", ")
-                            ),
-                        ));
-                    }
-                }
-                ["group-fault", _, ..] => {}
-                _ => {
-                    return Err(invalid(
-                        "inject",
-                        format!(
-                            "{entry:?}: at start only `panic|fail|delay POINT [rate=P] [count=N] [duration=D]` and `group-fault GROUP [rate=P] [duration=D]` can be armed"
-                        ),
-                    ));
-                }
+            let fault = crate::faults::Fault::parse(&words)
+                .map_err(|e| invalid("inject", format!("{entry:?}: {e}")))?;
+            if !fault.armable_at_start() {
+                return Err(invalid(
+                    "inject",
+                    format!(
+                        "{entry:?}: at start only `panic|fail|delay|hang POINT [rate=P] [count=N] [duration=D]` and `group-fault GROUP [rate=P] [duration=D]` can be armed"
+                    ),
+                ));
             }
         }
         let track = TRACK_BYTES as u64;
@@ -688,7 +560,7 @@ mod tests {
         assert!(e.contains("volume_size") && e.contains("4096"), "{e}");
         c.volume_size = 1 << 30;
         c.devices = 2;
-        c.raid = crate::raid::Raid::Parity;
+        c.raid = crate::backend::raid::Raid::Parity;
         let e = c.validate().unwrap_err().to_string();
         assert!(e.contains("raid parity needs at least 3 devices"), "{e}");
         c.devices = 3;

@@ -3,7 +3,7 @@
 //! 4 KiB-aligned blocks) and zeroes ranges with `fallocate`.
 //!
 //! Device I/O is synchronous and done by device-group tasks; a modelled
-//! service time (see [`crate::config::LatencyConfig`]) is charged by the
+//! service time (see [`LatencyConfig`]) is charged by the
 //! caller, which defers its continuation instead of sleeping on a worker.
 
 use std::fs::{File, OpenOptions};
@@ -11,6 +11,7 @@ use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use crate::limits::TRACK_BYTES;
 
@@ -240,5 +241,28 @@ mod tests {
         FileDevice::open_or_create(&p, 8 * 4096, false).unwrap();
         let err = FileDevice::open_or_create(&p, 16 * 4096, false).unwrap_err();
         assert!(err.to_string().contains("needs"), "{err}");
+    }
+}
+
+/// Modelled device service time, for experiments (none by default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LatencyConfig {
+    /// Fixed cost per device I/O, microseconds.
+    pub fixed_us: u64,
+    /// Cost per KiB transferred, microseconds.
+    pub per_kib_us: u64,
+}
+
+impl LatencyConfig {
+    /// The modelled service time of an I/O of `bytes`.
+    pub fn service_time(&self, bytes: usize) -> Duration {
+        let kib = (bytes as u64).div_ceil(1024);
+        Duration::from_micros(self.fixed_us + self.per_kib_us.saturating_mul(kib))
+    }
+
+    /// Whether any latency is modelled.
+    pub fn is_zero(&self) -> bool {
+        self.fixed_us == 0 && self.per_kib_us == 0
     }
 }

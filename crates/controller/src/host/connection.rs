@@ -4,7 +4,7 @@
 //! adapter's hardware, in the papers' controller) that take the socket's
 //! read side in turns. The thread holding it frames one request: a header
 //! and, for a WRITE, its payload; it lets the read side go, then, inside the
-//! admission gate of rung 4 ([`crate::system`]), reserves the WRITE's NVS
+//! admission gate of rung 4 ([`crate::engine::system`]), reserves the WRITE's NVS
 //! slots and enters the request in the pipeline; outside the gate it runs
 //! the request as an affiliate of the task runtime (`rcs::affiliate`):
 //! each stage runs on this thread when its group admits it there, as it
@@ -36,8 +36,9 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::controller::Controller;
-use crate::ctlblock::Exhausted;
-use crate::datapath::{self, Request};
+use crate::engine::ReplySink;
+use crate::engine::ctlblock::Exhausted;
+use crate::engine::datapath::{self, Request};
 use crate::limits::{
     CONNECTION_READ_BUFFER_BYTES, DISCARD_PAYLOAD_MAX, HANDSHAKE_TIMEOUT_SECS,
     INFLIGHT_PER_CONNECTION_MAX, MAX_PAYLOAD_BYTES, TRACK_BYTES,
@@ -78,14 +79,13 @@ impl std::fmt::Debug for Connection {
     }
 }
 
-impl Connection {
+impl ReplySink for Connection {
+    fn structured(&self) -> bool {
+        self.structured
+    }
+
     /// Queue the reply to `h` and send (or leave it to the current sender).
-    pub(crate) fn send_reply(
-        &self,
-        h: &RequestHeader,
-        result: Result<(), (NbdError, &str)>,
-        data: Vec<u8>,
-    ) {
+    fn send_reply(&self, h: &RequestHeader, result: Result<(), (NbdError, &str)>, data: Vec<u8>) {
         let mut head = Vec::with_capacity(32);
         let body = match (h.kind == cmd::READ && self.structured, result) {
             (true, Ok(())) => {
@@ -119,6 +119,32 @@ impl Connection {
         self.push(Frame { head, body });
     }
 
+    /// Take the sender's role if no one has it: replies pushed until
+    /// [`ReplySink::uncork`] queue up and leave in one `writev` (a commit
+    /// releasing an epoch's replies). Returns whether the role was taken.
+    fn cork(&self) -> bool {
+        let mut outbox = self.outbox.lock();
+        if outbox.sending || outbox.broken {
+            return false;
+        }
+        outbox.sending = true;
+        true
+    }
+
+    /// Send what queued since [`ReplySink::cork`] returned true.
+    fn uncork(&self) {
+        let outbox = self.outbox.lock();
+        debug_assert!(outbox.sending);
+        self.send_pending(outbox);
+    }
+
+    /// A request of this connection is finished.
+    fn finish_request(&self) {
+        self.inflight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Connection {
     fn push(&self, frame: Frame) {
         let mut outbox = self.outbox.lock();
         if outbox.broken {
@@ -129,25 +155,6 @@ impl Connection {
             return;
         }
         outbox.sending = true;
-        self.send_pending(outbox);
-    }
-
-    /// Take the sender's role if no one has it: replies pushed until
-    /// [`Connection::uncork`] queue up and leave in one `writev` (a commit
-    /// releasing an epoch's replies). Returns whether the role was taken.
-    pub(crate) fn cork(&self) -> bool {
-        let mut outbox = self.outbox.lock();
-        if outbox.sending || outbox.broken {
-            return false;
-        }
-        outbox.sending = true;
-        true
-    }
-
-    /// Send what queued since [`Connection::cork`] returned true.
-    pub(crate) fn uncork(&self) {
-        let outbox = self.outbox.lock();
-        debug_assert!(outbox.sending);
         self.send_pending(outbox);
     }
 
@@ -171,11 +178,6 @@ impl Connection {
                 return;
             }
         }
-    }
-
-    /// A request of this connection is finished.
-    pub(crate) fn finish_request(&self) {
-        self.inflight.fetch_sub(1, Ordering::AcqRel);
     }
 
     fn wait_idle(&self) {
@@ -338,7 +340,8 @@ fn next_request(
     while conn.inflight.load(Ordering::Acquire) >= INFLIGHT_PER_CONNECTION_MAX {
         std::thread::sleep(Duration::from_micros(20));
     }
-    let mut req = Box::new(Request::new(Arc::clone(conn), header));
+    let sink: Arc<dyn ReplySink> = Arc::clone(conn) as Arc<dyn ReplySink>;
+    let mut req = Box::new(Request::new(Arc::clone(conn.ctl.engine()), sink, header));
     conn.inflight.fetch_add(1, Ordering::AcqRel);
     let mut slots = 0;
     if header.kind == cmd::WRITE && header.length > 0 {
@@ -376,9 +379,9 @@ fn admit(
         if slots > 0 {
             match ctl.nvs.reserve(slots, Duration::from_millis(10)) {
                 Ok(reserved) => req.slots = reserved,
-                Err(crate::nvs::NvsError::Timeout(_)) => {
+                Err(crate::store::nvs::NvsError::Timeout(_)) => {
                     drop(admission);
-                    crate::destage::kick(ctl);
+                    crate::engine::destage::kick(ctl.engine());
                     continue;
                 }
                 Err(_) => {
@@ -394,7 +397,7 @@ fn admit(
 }
 
 /// Take a request control block, handling exhaustion (rung 1, see
-/// [`crate::ctlblock`]): reclaim leaked blocks, or wait for live requests to
+/// [`crate::engine::ctlblock`]): reclaim leaked blocks, or wait for live requests to
 /// finish.
 fn take_block(ctl: &Arc<Controller>, req: &mut Request) {
     let Some(alive) = req.alive.clone() else {
@@ -436,7 +439,7 @@ fn take_block(ctl: &Arc<Controller>, req: &mut Request) {
                     req.early_error = Some((NbdError::Shutdown, "the server is shutting down"));
                     return;
                 }
-                std::thread::sleep(crate::devqueue::backoff(waits));
+                std::thread::sleep(crate::backend::devqueue::backoff(waits));
                 waits += 1;
             }
         }

@@ -51,8 +51,8 @@ use rcs::fault::FaultPoint;
 use rcs::{Failure, Priority, RecoveryPoint, Strategy, TaskCtx};
 
 use crate::config::FlushPolicy;
-use crate::connection::Connection;
-use crate::controller::Controller;
+use crate::engine::{Engine, ReplySink};
+use crate::faults;
 use crate::limits::{MAX_PAYLOAD_BYTES, TRACK_BYTES};
 use crate::metrics::Op;
 use crate::nbd::proto::{NbdError, RequestHeader, cflags, cmd};
@@ -78,7 +78,10 @@ pub(crate) enum SlotState {
 
 /// One NBD request in flight.
 pub(crate) struct Request {
-    pub(crate) conn: Arc<Connection>,
+    /// The engine that runs it.
+    pub(crate) engine: Arc<Engine>,
+    /// Where its reply goes.
+    pub(crate) conn: Arc<dyn ReplySink>,
     pub(crate) header: RequestHeader,
     pub(crate) payload: Vec<u8>,
     pub(crate) slots: Vec<u32>,
@@ -95,7 +98,7 @@ pub(crate) struct Request {
     in_body: bool,
     /// Redrives so far.
     redrives: u8,
-    /// Counted in the pipeline (see [`crate::system`]).
+    /// Counted in the pipeline (see [`crate::engine::system`]).
     counted: bool,
     /// Escalated to rung 4 once already.
     escalated: bool,
@@ -123,9 +126,9 @@ pub(crate) struct Request {
     /// the recovery log record of the redrive or escalation.
     note: Option<String>,
     /// The request's control block (taken at admission).
-    pub(crate) block: Option<crate::ctlblock::Block>,
+    pub(crate) block: Option<crate::engine::ctlblock::Block>,
     /// Alive while the request is (its control block's owner).
-    pub(crate) alive: Option<crate::ctlblock::Liveness>,
+    pub(crate) alive: Option<crate::engine::ctlblock::Liveness>,
     /// Its stage found the controller's state inconsistent (a directory
     /// entry naming a record the NVS does not hold): no redrive can help;
     /// escalate (rung 3 with output commit, else 4).
@@ -155,16 +158,17 @@ pub(crate) struct StageRef {
     point: &'static FaultPoint,
 }
 
-/// A [`StageRef`] with its own static fault point named `$name`.
+/// A [`StageRef`] entered through the fault point `$point` (one of
+/// [`crate::faults`]), named after it.
 macro_rules! stage {
-    ($group:expr, $priority:expr, $stage:expr, $name:literal) => {{
-        static POINT: FaultPoint = FaultPoint::new($name);
+    ($group:expr, $priority:expr, $stage:expr, $point:expr) => {{
+        let point: &'static FaultPoint = &$point;
         StageRef {
             group: $group,
             priority: $priority,
             stage: $stage,
-            name: $name,
-            point: &POINT,
+            name: point.name(),
+            point,
         }
     }};
 }
@@ -179,8 +183,13 @@ impl std::fmt::Debug for Request {
 }
 
 impl Request {
-    pub(crate) fn new(conn: Arc<Connection>, header: RequestHeader) -> Self {
+    pub(crate) fn new(
+        engine: Arc<Engine>,
+        conn: Arc<dyn ReplySink>,
+        header: RequestHeader,
+    ) -> Self {
         Self {
+            engine,
             conn,
             header,
             payload: Vec::new(),
@@ -233,7 +242,12 @@ impl Request {
             Some(at)
         } else {
             match self.header.kind {
-                cmd::READ => Some(stage!(g.cache, Priority::High, cache_read, "cache.read")),
+                cmd::READ => Some(stage!(
+                    g.cache,
+                    Priority::High,
+                    cache_read,
+                    faults::CACHE_READ
+                )),
                 // Failed inside cache.apply, the write may be partly in the
                 // directory: rewriting its slots is safe only once Log(Lock)
                 // rolled it back out (else rung 4).
@@ -241,7 +255,7 @@ impl Request {
                     if self.slot_state != SlotState::Applied
                         && (at.name != "cache.apply" || self.rolled_back) =>
                 {
-                    Some(stage!(g.nvs, Priority::High, nvs_write, "nvs.write"))
+                    Some(stage!(g.nvs, Priority::High, nvs_write, faults::NVS_WRITE))
                 }
                 cmd::WRITE if at.name == "device.fua" => Some(at),
                 cmd::FLUSH => Some(at),
@@ -264,6 +278,7 @@ impl Request {
     fn successor(&mut self, from: StageRef) -> Box<Request> {
         let counted = std::mem::replace(&mut self.counted, false);
         Box::new(Request {
+            engine: Arc::clone(&self.engine),
             conn: Arc::clone(&self.conn),
             header: self.header,
             payload: std::mem::take(&mut self.payload),
@@ -362,7 +377,7 @@ impl Request {
         req.escalated = true;
         req.slot_state = self.slot_state;
         ctl.system.park(req);
-        crate::system::escalate(&ctl, cause);
+        crate::engine::system::escalate(&ctl, cause);
     }
 
     /// Before parking (rung 4): decide where the request runs again once
@@ -377,13 +392,13 @@ impl Request {
         let from_start = at.name == "host.receive";
         let resume = match self.header.kind {
             _ if from_start => at,
-            cmd::READ => stage!(g.cache, Priority::High, cache_read, "cache.read"),
+            cmd::READ => stage!(g.cache, Priority::High, cache_read, faults::CACHE_READ),
             cmd::WRITE if self.slot_state != SlotState::Applied => {
-                stage!(g.nvs, Priority::High, nvs_write, "nvs.write")
+                stage!(g.nvs, Priority::High, nvs_write, faults::NVS_WRITE)
             }
-            cmd::FLUSH => stage!(g.device, Priority::Medium, flush, "device.flush"),
+            cmd::FLUSH => stage!(g.device, Priority::Medium, flush, faults::DEVICE_FLUSH),
             cmd::TRIM | cmd::WRITE_ZEROES => {
-                stage!(g.device, Priority::Medium, zero, "device.zero")
+                stage!(g.device, Priority::Medium, zero, faults::DEVICE_ZERO)
             }
             _ => at,
         };
@@ -417,7 +432,7 @@ impl Request {
         }
         let g = self.ctl().groups;
         let from = match self.header.kind {
-            cmd::READ => stage!(g.cache, Priority::High, cache_read, "cache.read"),
+            cmd::READ => stage!(g.cache, Priority::High, cache_read, faults::CACHE_READ),
             cmd::WRITE => {
                 debug_assert_eq!(
                     self.payload.len(),
@@ -429,11 +444,11 @@ impl Request {
                 self.reserve_on_resume = self.tracks() as u32;
                 self.slots.clear();
                 self.slot_state = SlotState::Reserved;
-                stage!(g.nvs, Priority::High, nvs_write, "nvs.write")
+                stage!(g.nvs, Priority::High, nvs_write, faults::NVS_WRITE)
             }
-            cmd::FLUSH => stage!(g.device, Priority::Medium, flush, "device.flush"),
+            cmd::FLUSH => stage!(g.device, Priority::Medium, flush, faults::DEVICE_FLUSH),
             cmd::TRIM | cmd::WRITE_ZEROES => {
-                stage!(g.device, Priority::Medium, zero, "device.zero")
+                stage!(g.device, Priority::Medium, zero, faults::DEVICE_ZERO)
             }
             _ => at,
         };
@@ -454,8 +469,8 @@ impl Request {
         self.at = None;
     }
 
-    fn ctl(&self) -> &Arc<Controller> {
-        &self.conn.ctl
+    fn ctl(&self) -> &Arc<Engine> {
+        &self.engine
     }
 
     fn first_track(&self) -> u64 {
@@ -537,7 +552,7 @@ impl Request {
     /// block still taken, or a lost one still owned).
     fn give_back_block(&mut self) {
         if let Some(block) = self.block.take() {
-            self.conn.ctl.blocks.release(block);
+            self.engine.blocks.release(block);
         }
         self.alive = None;
     }
@@ -595,8 +610,7 @@ impl Request {
             Err((NbdError::Io, "request failed inside the controller")),
             data,
         );
-        self.conn
-            .ctl
+        self.engine
             .metrics
             .record(self.op(), 0, false, self.received.elapsed());
         self.conn.finish_request();
@@ -649,7 +663,7 @@ fn next(ctx: &mut TaskCtx<'_>, req: Box<Request>, at: StageRef) {
 }
 
 /// Count a received request in the pipeline (called by a connection
-/// thread inside the admission gate; see [`crate::system`]).
+/// thread inside the admission gate; see [`crate::engine::system`]).
 pub(crate) fn enter(req: &mut Request) {
     req.ctl().system.entered();
     req.counted = true;
@@ -666,7 +680,12 @@ pub(crate) fn start(req: Box<Request>, affiliate: Option<&mut rcs::Affiliate>) {
         "a request starts after it entered the pipeline"
     );
     let ctl = Arc::clone(req.ctl());
-    let at = stage!(ctl.groups.host, Priority::High, receive, "host.receive");
+    let at = stage!(
+        ctl.groups.host,
+        Priority::High,
+        receive,
+        faults::HOST_RECEIVE
+    );
     match affiliate {
         Some(a) => {
             let run = a.run_named(at.group, at.priority, at.name, move |ctx| {
@@ -712,7 +731,7 @@ fn receive(ctx: &mut TaskCtx<'_>, req: Box<Request>) -> Result<(), Failure> {
         return Ok(());
     }
     let h = req.header;
-    if let Err((e, msg)) = validate(&h, req.ctl().export.size_bytes, req.conn.structured) {
+    if let Err((e, msg)) = validate(&h, req.ctl().export.size_bytes, req.conn.structured()) {
         req.reply(Err((e, msg)));
         return Ok(());
     }
@@ -728,22 +747,22 @@ fn receive(ctx: &mut TaskCtx<'_>, req: Box<Request>) -> Result<(), Failure> {
         cmd::READ => next(
             ctx,
             req,
-            stage!(g.cache, Priority::High, cache_read, "cache.read"),
+            stage!(g.cache, Priority::High, cache_read, faults::CACHE_READ),
         ),
         cmd::WRITE => next(
             ctx,
             req,
-            stage!(g.nvs, Priority::High, nvs_write, "nvs.write"),
+            stage!(g.nvs, Priority::High, nvs_write, faults::NVS_WRITE),
         ),
         cmd::FLUSH => next(
             ctx,
             req,
-            stage!(g.device, Priority::Medium, flush, "device.flush"),
+            stage!(g.device, Priority::Medium, flush, faults::DEVICE_FLUSH),
         ),
         cmd::TRIM | cmd::WRITE_ZEROES => next(
             ctx,
             req,
-            stage!(g.device, Priority::Medium, zero, "device.zero"),
+            stage!(g.device, Priority::Medium, zero, faults::DEVICE_ZERO),
         ),
         _ => unreachable!("validate refuses other commands"),
     }
@@ -807,14 +826,14 @@ fn cache_read(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failur
     let mut misses = Vec::new();
     for (i, chunk) in req.data.chunks_mut(TRACK_BYTES).enumerate() {
         match ctl.cache.read(first + i as u64, chunk, &ctl.nvs) {
-            Ok(crate::cache::ReadOutcome::Miss { epoch }) => misses.push((i, epoch)),
+            Ok(crate::store::cache::ReadOutcome::Miss { epoch }) => misses.push((i, epoch)),
             Ok(_) => {}
-            Err(crate::nvs::NvsError::Damaged { slot, seq, .. }) => {
+            Err(crate::store::nvs::NvsError::Damaged { slot, seq, .. }) => {
                 // The NVS memory holding the track's newest data is damaged
                 // and no cached copy exists: no rollback or rebuild brings
                 // it back, and older data must not be returned in its place.
                 let track = first + i as u64;
-                let _ = crate::destage::note_lost(&ctl, track, slot, seq, "a read");
+                let _ = crate::engine::destage::note_lost(&ctl, track, slot, seq, "a read");
                 req.reply(Err((
                     NbdError::Io,
                     "the track's data is lost (its NVS record is damaged)",
@@ -848,7 +867,12 @@ fn cache_read(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failur
         next(
             ctx,
             req,
-            stage!(ctl.groups.host, Priority::High, reply_ok, "host.reply"),
+            stage!(
+                ctl.groups.host,
+                Priority::High,
+                reply_ok,
+                faults::HOST_REPLY
+            ),
         );
     } else {
         req.misses = misses;
@@ -858,12 +882,12 @@ fn cache_read(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failur
 }
 
 /// The stage that stages a read's misses from the devices.
-fn device_read(ctl: &Controller) -> StageRef {
+fn device_read(ctl: &Engine) -> StageRef {
     stage!(
         ctl.groups.device,
         Priority::High,
         device_stage,
-        "device.read"
+        faults::DEVICE_READ
     )
 }
 
@@ -887,7 +911,7 @@ fn device_stage(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Fail
                         "device {queue_index}: {full} through {QUEUE_WAITS_MAX} back-offs"
                     )));
                 }
-                let wait = crate::devqueue::backoff(req.queue_waits);
+                let wait = crate::backend::devqueue::backoff(req.queue_waits);
                 if req.queue_waits == 0 {
                     // One record per request that backed off (the device
                     // queue counts every refusal).
@@ -922,7 +946,12 @@ fn device_stage(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Fail
         &ctl,
         modelled,
         req,
-        stage!(ctl.groups.host, Priority::High, reply_ok, "host.reply"),
+        stage!(
+            ctl.groups.host,
+            Priority::High,
+            reply_ok,
+            faults::HOST_REPLY
+        ),
     );
     Ok(())
 }
@@ -931,7 +960,7 @@ fn device_stage(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Fail
 /// passed (without holding the worker).
 fn continue_after(
     ctx: &mut TaskCtx<'_>,
-    ctl: &Arc<Controller>,
+    ctl: &Arc<Engine>,
     modelled: std::time::Duration,
     req: Box<Request>,
     at: StageRef,
@@ -963,13 +992,17 @@ fn nvs_write(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failure
     next(
         ctx,
         req,
-        stage!(ctl.groups.cache, Priority::High, cache_apply, "cache.apply"),
+        stage!(
+            ctl.groups.cache,
+            Priority::High,
+            cache_apply,
+            faults::CACHE_APPLY
+        ),
     );
     Ok(())
 }
 
 /// Fault point inside `cache.apply`, after each track enters the directory.
-static APPLY_TRACK: FaultPoint = FaultPoint::new("cache.apply.track");
 
 /// Log(Lock) actor ids for `cache.apply` tasks (unique among live actors).
 static NEXT_ACTOR: AtomicU64 = AtomicU64::new(1);
@@ -1018,7 +1051,7 @@ fn cache_apply(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failu
                     to_destage.push(track);
                 }
                 // A fault here leaves the write partly in the directory.
-                APPLY_TRACK.check()?;
+                faults::CACHE_APPLY_TRACK.check()?;
             }
             Ok(())
         }));
@@ -1051,12 +1084,12 @@ fn cache_apply(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failu
     // Invalidated by the apply, under the lock; given back now, or at the
     // epoch's commit under output commit.
     ctl.epochs.retire(&ctl, &free);
-    crate::destage::kick_batch(&ctl);
+    crate::engine::destage::kick_batch(&ctl);
     if req.header.flags & cflags::FUA != 0 {
         next(
             ctx,
             req,
-            stage!(ctl.groups.device, Priority::High, fua, "device.fua"),
+            stage!(ctl.groups.device, Priority::High, fua, faults::DEVICE_FUA),
         );
     } else {
         if !ctl.epochs.enabled() {
@@ -1067,7 +1100,12 @@ fn cache_apply(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failu
         next(
             ctx,
             req,
-            stage!(ctl.groups.host, Priority::High, reply_ok, "host.reply"),
+            stage!(
+                ctl.groups.host,
+                Priority::High,
+                reply_ok,
+                faults::HOST_REPLY
+            ),
         );
     }
     Ok(())
@@ -1091,11 +1129,11 @@ fn cache_apply(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failu
 ///   so the system-level strategy is taken: the clean-up block escalates
 ///   to rung 4, which rebuilds the directory from the recovery box.
 fn recover_apply(
-    ctl: &Arc<Controller>,
+    ctl: &Arc<Engine>,
     req: &mut Request,
     actor: &loglock::Actor,
     point: &loglock::RecoveryPoint,
-    undo: &[crate::cache::ApplyUndo],
+    undo: &[crate::store::cache::ApplyUndo],
 ) {
     if undo.is_empty() {
         // Nothing of the write entered the directory.
@@ -1153,7 +1191,7 @@ fn fua(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failure> {
                 &ctl,
                 req,
                 tracks,
-                stage!(ctl.groups.device, Priority::High, fua, "device.fua"),
+                stage!(ctl.groups.device, Priority::High, fua, faults::DEVICE_FUA),
             );
         }
         FlushPolicy::Nvs => finish_io(*req, ctl.nvs.sync().map_err(std::io::Error::other)),
@@ -1174,7 +1212,12 @@ fn flush(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failure> {
         &ctl,
         req,
         tracks,
-        stage!(ctl.groups.device, Priority::Medium, flush, "device.flush"),
+        stage!(
+            ctl.groups.device,
+            Priority::Medium,
+            flush,
+            faults::DEVICE_FLUSH
+        ),
     );
     Ok(())
 }
@@ -1189,15 +1232,15 @@ const DURABLE_ROUND_TRACKS: usize = 256;
 /// a full device queue, a degraded volume holding it), run `again` after
 /// a back-off instead of waiting on the worker, so a long wait holds no
 /// worker and a system recovery finds the request parked at its next
-/// stage entry. Then sync; past [`crate::destage::FORCE_WAIT`], `EIO`.
+/// stage entry. Then sync; past [`crate::engine::destage::FORCE_WAIT`], `EIO`.
 fn durable(
     ctx: &mut TaskCtx<'_>,
-    ctl: &Arc<Controller>,
+    ctl: &Arc<Engine>,
     mut req: Box<Request>,
     mut tracks: Vec<u64>,
     again: StageRef,
 ) {
-    use crate::destage::{FORCE_WAIT, Forced, try_force};
+    use crate::engine::destage::{FORCE_WAIT, Forced, try_force};
     let deadline = *req
         .durable_deadline
         .get_or_insert_with(|| Instant::now() + FORCE_WAIT);
@@ -1246,7 +1289,7 @@ fn durable(
         continue_after(ctx, ctl, std::time::Duration::ZERO, req, again);
         return;
     }
-    let wait = crate::devqueue::backoff(req.durable_waits);
+    let wait = crate::backend::devqueue::backoff(req.durable_waits);
     if let (Some((track, e)), 0) = (backed_off, req.durable_waits) {
         // Rung 1, once per request: the I/O backs off.
         ctl.recoveries.record(
@@ -1264,7 +1307,7 @@ fn durable(
 /// Longest a TRIM or WRITE_ZEROES waits for its range (a held destage
 /// write in it, an edge track whose stripe waits for a replacement device)
 /// before it answers `EIO` (as long as a FLUSH waits for a destage).
-const ZERO_WAIT: std::time::Duration = crate::destage::FORCE_WAIT;
+const ZERO_WAIT: std::time::Duration = crate::engine::destage::FORCE_WAIT;
 
 /// device: TRIM and WRITE_ZEROES (both leave the range reading as zeroes).
 ///
@@ -1276,7 +1319,12 @@ const ZERO_WAIT: std::time::Duration = crate::destage::FORCE_WAIT;
 /// holding no worker in between, keeping its fence, up to [`ZERO_WAIT`].
 fn zero(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failure> {
     let ctl = Arc::clone(req.ctl());
-    let again = stage!(ctl.groups.device, Priority::Medium, zero, "device.zero");
+    let again = stage!(
+        ctl.groups.device,
+        Priority::Medium,
+        zero,
+        faults::DEVICE_ZERO
+    );
     let (first, end) = (req.first_track(), req.first_track() + req.tracks());
     let keep = req.header.kind == cmd::WRITE_ZEROES && req.header.flags & cflags::NO_HOLE != 0;
     let deadline = *req
@@ -1310,7 +1358,7 @@ fn zero(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failure> {
     };
     match zeroed {
         Err(e) if e.kind() == std::io::ErrorKind::ResourceBusy && Instant::now() < deadline => {
-            let wait = crate::devqueue::backoff(req.durable_waits);
+            let wait = crate::backend::devqueue::backoff(req.durable_waits);
             if !destaging && !std::mem::replace(&mut req.zero_held_recorded, true) {
                 ctl.recoveries
                     .record(Rung::Task, format!("{e}: zeroing backed off"), wait, 1);

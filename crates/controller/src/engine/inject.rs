@@ -1,0 +1,143 @@
+//! Arming a [`Fault`] on a running engine: the one function behind the
+//! admin socket's `inject`, the configuration's `inject = [...]` and the
+//! in-process tests. Returns the line `rebound inject` prints, or why the
+//! fault cannot be armed on this engine (an unknown group, a track not
+//! cached, a volume without redundancy, ...).
+//!
+//! `crash` and `crash-damaged-box` only answer here: the admin socket
+//! aborts the process after the answer has left (see
+//! [`crate::control::admin`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::engine::Engine;
+use crate::faults::Fault;
+use crate::recovery::Rung;
+
+/// Arm `fault` on `engine`; the answer's text.
+pub fn arm(engine: &Arc<Engine>, fault: &Fault) -> Result<String, String> {
+    match fault {
+        Fault::Point {
+            kind,
+            point,
+            config,
+        } => {
+            rcs::fault::arm(point, *config).map_err(|e| e.to_string())?;
+            Ok(format!(
+                "armed {kind} at {point} (rate {}, count {})\n",
+                config.probability,
+                config.count.map_or("unlimited".into(), |n| n.to_string())
+            ))
+        }
+        Fault::GroupFault {
+            group,
+            rate,
+            duration,
+        } => {
+            let metrics = engine.runtime().metrics();
+            let id = metrics.group(group).map(|g| g.id).ok_or_else(|| {
+                let names: Vec<&str> = metrics.groups.iter().map(|g| g.name.as_str()).collect();
+                format!("unknown group {group:?}; groups: {}", names.join(", "))
+            })?;
+            engine
+                .runtime()
+                .inject(id, *rate, *duration)
+                .map_err(|e| e.to_string())?;
+            Ok(format!(
+                "group {group}: fault probability {rate} per dispatch, recovery {duration:?} each\n"
+            ))
+        }
+        Fault::CorruptFrame(t) => {
+            if engine.cache.damage_frame(*t) {
+                Ok(format!(
+                    "damaged the check word of the frame caching track {t}\n"
+                ))
+            } else {
+                Err(format!(
+                    "track {t} is not in the read cache (read it first)"
+                ))
+            }
+        }
+        Fault::CorruptDirectory(t) => match engine.cache.damage_directory(*t) {
+            Some(d) => Ok(format!(
+                "damaged the directory entry of track {t} (its record, slot {} seq {}, is now named wrongly)\n",
+                d.slot, d.seq
+            )),
+            None => Err(format!(
+                "track {t} has no dirty directory entry (write it first)"
+            )),
+        },
+        Fault::CorruptRecord(t) => match engine.cache.damage_record(*t, &engine.nvs) {
+            Some(d) => Ok(format!(
+                "damaged the data of track {t}'s NVS record (slot {}, seq {}) and dropped its cached copy\n",
+                d.slot, d.seq
+            )),
+            None => Err(format!(
+                "track {t} has no record in the NVS (write it, and hold its destage, first)"
+            )),
+        },
+        Fault::Rollback => engine
+            .rollback("injected through the admin socket")
+            .map(|report| format!("{report}\n"))
+            .map_err(|e| e.to_string()),
+        Fault::System => engine
+            .system_recover("injected through the admin socket")
+            .map(|report| format!("{report}\n"))
+            .map_err(|e| e.to_string()),
+        Fault::UnsolicitedCompletion(device) => unsolicited_completion(engine, *device),
+        Fault::LoseDevice(device) => {
+            engine.volume.pull(*device)?;
+            Ok(format!(
+                "device {device} lost: the volume serves degraded from its {} layout and rebuilds a replacement (see status)\n",
+                engine.volume.layout().raid()
+            ))
+        }
+        Fault::RebuildError(count) => {
+            engine.volume.inject_rebuild_errors(*count);
+            Ok(format!(
+                "the next {count} writes to a replacement device during a rebuild fail: the rebuild stops and tries again (see status)\n"
+            ))
+        }
+        Fault::AbandonBox => {
+            engine.journal.abandon();
+            Ok("recovery box invalidated: rung 4 now rebuilds from an NVS scan, and the next start is a hard restart\n".into())
+        }
+        Fault::Crash => Ok("crashing now\n".into()),
+        Fault::CrashDamagedBox => Ok("invalidating the recovery box and crashing now\n".into()),
+        Fault::Clear => {
+            rcs::fault::disarm_all();
+            for g in engine.runtime().metrics().groups {
+                let _ = engine.runtime().inject(g.id, 0.0, Duration::ZERO);
+            }
+            Ok("every fault point and group injection disarmed\n".into())
+        }
+    }
+}
+
+/// A completion as a confused device would report it: a tag of the
+/// device's queue, under a generation no submission ever had.
+fn unsolicited_completion(engine: &Engine, device: usize) -> Result<String, String> {
+    let q = engine.queues.get(device).ok_or_else(|| {
+        format!(
+            "unsolicited-completion DEVICE: {device} is not a device number below {}",
+            engine.queues.len()
+        )
+    })?;
+    let slot = q.depth() - 1;
+    match q.complete_raw(slot, u64::MAX) {
+        Err(e) => {
+            engine.recoveries.record(
+                Rung::Task,
+                format!("device {device}: {e} ignored"),
+                Duration::ZERO,
+                0,
+            );
+            Ok(format!(
+                "device {device}: {e} ignored and counted ({} so far)\n",
+                q.unsolicited_count()
+            ))
+        }
+        Ok(()) => Err("the device queue accepted an unsolicited completion".into()),
+    }
+}

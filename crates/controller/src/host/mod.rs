@@ -1,0 +1,17 @@
+//! # host: the host adapter's sockets
+//!
+//! The listener and each NBD connection in its transmission phase: framing
+//! requests, handing them to the engine, and the connection's reply
+//! outbox, which implements the engine's [`ReplySink`](crate::engine::ReplySink)
+//! (DESIGN.md, "Controller components": host adapter).
+//!
+//! Imports: the `Controller`, the engine's narrow interfaces (requests,
+//! [`ReplySink`](crate::engine::ReplySink)), `nbd` and leaves. Never `control`.
+//!
+//! | module | concept |
+//! |---|---|
+//! | [`listener`] | accepting clients, bounded by `--max-connections` |
+//! | [`connection`] | one connection: handshake, framing, admission, the reply outbox |
+
+pub mod connection;
+pub mod listener;
