@@ -40,6 +40,7 @@ pub mod plan;
 pub mod ranksort;
 pub mod recovery;
 pub mod rungroup;
+pub mod spec;
 pub use redundancy;
 pub mod tpch;
 pub mod wire;

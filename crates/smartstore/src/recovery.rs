@@ -17,7 +17,7 @@
 //! and the loss is detected when the node fails the primitive.
 
 use crate::error::{Error, Result};
-use crate::host::{Layout, Query};
+use crate::spec::{Layout, Query};
 
 /// A recovery scheme.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

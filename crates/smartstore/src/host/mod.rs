@@ -1,0 +1,394 @@
+//! The host (section 2.3 of the smart-storage paper): it places the table on
+//! the storage groups, sends each node its plan fragments, has the
+//! intermediate results checkpointed to the mirror (or parity) group at the
+//! granularity of a primitive (section 4.2), and merges what comes back.
+//!
+//! A cluster is a main storage group of `nodes` data nodes, its redundancy
+//! (a mirror group of as many nodes, or one dedicated parity node) and
+//! optionally a spare. Local clusters start their nodes as processes of the
+//! `rebound` binary (`rebound node`) or, in tests, as in-process servers;
+//! a cluster of remote nodes is given by address.
+//!
+//! This file is the cluster itself: starting or connecting its nodes,
+//! placing the table, checkpointing to the redundancy group, losing a node.
+//! Running a query primitive by primitive is in `query`, recovering a lost
+//! node mid-query in `recover`, the report in `report`.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Instant;
+
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+
+use crate::client::NodeClient;
+use crate::devmodel::DeviceModel;
+use crate::error::{Error, Result};
+use crate::node::InProcessNode;
+use crate::plan::{Fragment, Primitive};
+use crate::recovery::FailMode;
+use crate::redundancy::{column_groups, row_owner};
+use crate::wire::{CheckpointCmd, Stats};
+
+mod query;
+mod recover;
+mod report;
+
+pub use report::{Phase, QueryReport};
+// The plan-level types once lived here; their old paths stay.
+pub use crate::spec::{ClusterSpec, Layout, MAX_NODES, Query};
+
+/// How local nodes are started.
+#[derive(Debug, Clone)]
+pub enum Launcher {
+    /// As processes: `<exe> node --dir D --listen 127.0.0.1:0 --device-model M`.
+    Process(PathBuf),
+    /// As servers on threads of this process.
+    InProcess,
+}
+
+#[derive(Debug)]
+enum Owned {
+    Process(Child),
+    InProcess(InProcessNode),
+}
+
+/// A running cluster, connected.
+#[derive(Debug)]
+pub struct Cluster {
+    /// Its shape.
+    pub spec: ClusterSpec,
+    /// Main group, by index.
+    pub main: Vec<NodeClient>,
+    /// Mirror group (mirror layout).
+    pub mirror: Vec<NodeClient>,
+    /// Parity node (parity layout).
+    pub parity: Option<NodeClient>,
+    /// Spare node.
+    pub spare: Option<NodeClient>,
+    /// Local nodes' directories, in role order (empty for remote nodes).
+    pub dirs: Vec<PathBuf>,
+    owned: Vec<Owned>,
+    /// Called with a line of news while a query loses a node and recovers.
+    pub progress: Option<Progress>,
+}
+
+/// A callback for recovery news.
+#[derive(Clone)]
+pub struct Progress(pub std::sync::Arc<dyn Fn(&str) + Send + Sync>);
+
+impl std::fmt::Debug for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Progress(..)")
+    }
+}
+
+/// A node working on a query: its inputs, and which main node it stands
+/// for (none after redistribution).
+#[derive(Debug, Clone)]
+struct Worker {
+    client: NodeClient,
+    inputs: Vec<String>,
+    slot: Option<usize>,
+}
+
+/// Runs primitive `p` on every worker (or only worker `only`), each over
+/// its own inputs; one result per worker run.
+async fn run_on(
+    workers: &mut [Worker],
+    output: &str,
+    p: &Primitive,
+    materialize: bool,
+    only: Option<usize>,
+) -> Vec<Result<(String, Stats)>> {
+    let calls = workers
+        .iter_mut()
+        .enumerate()
+        .filter(|(i, _)| only.is_none_or(|o| o == *i))
+        .map(|(_, w)| {
+            let f = Fragment {
+                input: w.inputs[0].clone(),
+                also: w.inputs[1..].to_vec(),
+                output: output.into(),
+                primitive: p.clone(),
+                materialize,
+            };
+            async move {
+                let s = w.client.run(&f).await?;
+                Ok((w.client.label().to_string(), s))
+            }
+        });
+    futures::future::join_all(calls).await
+}
+
+/// Names of the objects a query materialises.
+pub mod names {
+    /// The base table partition on a main node.
+    pub const LINEITEM: &str = "lineitem";
+    /// The column-wise copy on a mirror node.
+    pub const LINEITEM_COLS: &str = "lineitem.cols";
+    /// The parity of the base partitions.
+    pub const LINEITEM_PARITY: &str = "lineitem.parity";
+    /// Scan workload output.
+    pub const SCAN_OUT: &str = "scan.out";
+    /// Q1 primitive outputs, in plan order.
+    pub const Q1_OUT: [&str; 3] = ["q1.scan", "q1.sort", "q1.agg"];
+    /// Name of a checkpoint of `object` on a mirror node.
+    pub fn ckpt(object: &str) -> String {
+        format!("{object}.ckpt")
+    }
+    /// Name of the parity of `object` on the parity node.
+    pub fn parity(object: &str) -> String {
+        format!("{object}.parity")
+    }
+}
+
+impl Cluster {
+    /// Starts a local cluster under `work` (one directory per node).
+    pub async fn launch(spec: ClusterSpec, launcher: &Launcher, work: &Path) -> Result<Cluster> {
+        spec.check()?;
+        let roles = spec.roles();
+        let mut owned = Vec::new();
+        let mut addrs = Vec::new();
+        let mut dirs = Vec::new();
+        for role in &roles {
+            let dir = work.join(role.replace(' ', "-"));
+            let (o, addr) = match launcher {
+                Launcher::InProcess => {
+                    let n = InProcessNode::start(&dir, spec.model)?;
+                    let a = n.addr.clone();
+                    (Owned::InProcess(n), a)
+                }
+                Launcher::Process(exe) => {
+                    let (child, a) = spawn_node(exe, &dir, spec.model, role)?;
+                    (Owned::Process(child), a)
+                }
+            };
+            owned.push(o);
+            addrs.push(addr);
+            dirs.push(dir);
+        }
+        let mut c = Cluster::connect(spec, &addrs).await?;
+        c.owned = owned;
+        c.dirs = dirs;
+        Ok(c)
+    }
+
+    /// Connects to running nodes, given in role order (see
+    /// [`ClusterSpec::roles`]).
+    pub async fn connect(spec: ClusterSpec, addrs: &[String]) -> Result<Cluster> {
+        spec.check()?;
+        let roles = spec.roles();
+        if addrs.len() != roles.len() {
+            return Err(Error::Invalid(format!(
+                "{} node addresses given; {} data nodes with {} layout{} need {}: {}",
+                addrs.len(),
+                spec.nodes,
+                spec.layout.name(),
+                if spec.spare { " and a spare" } else { "" },
+                roles.len(),
+                roles.join(", ")
+            )));
+        }
+        let mut clients = Vec::new();
+        for (role, addr) in roles.iter().zip(addrs) {
+            let label = format!("{role} ({addr})");
+            let mut c = NodeClient::connect(addr, &label).await?;
+            c.ping().await?;
+            clients.push(c);
+        }
+        let mut it = clients.into_iter();
+        let main: Vec<NodeClient> = it.by_ref().take(spec.nodes).collect();
+        let (mirror, parity) = match spec.layout {
+            Layout::Mirror => (it.by_ref().take(spec.nodes).collect(), None),
+            Layout::Parity => (Vec::new(), it.next()),
+        };
+        let spare = if spec.spare { it.next() } else { None };
+        Ok(Cluster {
+            spec,
+            main,
+            mirror,
+            parity,
+            spare,
+            dirs: Vec::new(),
+            owned: Vec::new(),
+            progress: None,
+        })
+    }
+
+    /// Places the table: row blocks round-robin on the main group, the
+    /// column-wise copy on the mirror group, or the partitions' parity on
+    /// the parity node. Returns the wall time.
+    pub async fn place(&mut self, schema: SchemaRef, batches: &[RecordBatch]) -> Result<f64> {
+        let t = Instant::now();
+        let n = self.spec.nodes;
+        let mut parts: Vec<Vec<RecordBatch>> = vec![Vec::new(); n];
+        for (b, batch) in batches.iter().enumerate() {
+            parts[row_owner(b, n)].push(batch.clone());
+        }
+        let puts = self.main.iter_mut().zip(parts).map(|(c, part)| {
+            let schema = schema.clone();
+            async move { c.put_table(names::LINEITEM, schema, part).await }
+        });
+        futures::future::try_join_all(puts).await?;
+        match self.spec.layout {
+            Layout::Mirror => {
+                let groups = column_groups(schema.fields().len(), n);
+                let puts = self.mirror.iter_mut().zip(groups).map(|(c, g)| {
+                    let cols: Vec<usize> = g.collect();
+                    let s = std::sync::Arc::new(schema.project(&cols).expect("columns in range"));
+                    let b: Vec<RecordBatch> = batches
+                        .iter()
+                        .map(|b| b.project(&cols).expect("columns in range"))
+                        .collect();
+                    async move { c.put_table(names::LINEITEM_COLS, s, b).await }
+                });
+                futures::future::try_join_all(puts).await?;
+            }
+            Layout::Parity => {
+                self.checkpoint_all(names::LINEITEM).await?;
+            }
+        }
+        Ok(t.elapsed().as_secs_f64())
+    }
+
+    /// Checkpoints every main node's `object` to its mirror node, or into
+    /// the parity node's parity.
+    pub async fn checkpoint_all(&mut self, object: &str) -> Result<Vec<(String, Stats)>> {
+        let mut workers = self.main_workers(object);
+        self.checkpoint_workers(&mut workers, object).await
+    }
+
+    /// Every main node, working on `input`.
+    fn main_workers(&self, input: &str) -> Vec<Worker> {
+        self.main
+            .iter()
+            .enumerate()
+            .map(|(i, c)| Worker {
+                client: c.clone(),
+                inputs: vec![input.to_string()],
+                slot: Some(i),
+            })
+            .collect()
+    }
+
+    /// Checkpoints each worker's `object` to the redundancy slot of the
+    /// main node it stands for.
+    async fn checkpoint_workers(
+        &mut self,
+        workers: &mut [Worker],
+        object: &str,
+    ) -> Result<Vec<(String, Stats)>> {
+        let n = self.spec.nodes;
+        let calls = workers.iter_mut().map(|w| {
+            let slot = w.slot.expect("checkpointing workers stand for main nodes");
+            let (target, as_name, parity) = match self.spec.layout {
+                Layout::Mirror => (
+                    self.mirror[slot].addr().to_string(),
+                    names::ckpt(object),
+                    None,
+                ),
+                Layout::Parity => (
+                    self.parity
+                        .as_ref()
+                        .expect("parity layout")
+                        .addr()
+                        .to_string(),
+                    names::parity(object),
+                    Some((slot, n)),
+                ),
+            };
+            let cmd = CheckpointCmd {
+                object: object.into(),
+                target,
+                as_name,
+                parity,
+            };
+            async move {
+                let s = w.client.checkpoint(&cmd).await?;
+                Ok::<_, Error>((w.client.label().to_string(), s))
+            }
+        });
+        futures::future::try_join_all(calls).await
+    }
+
+    /// Loses main node `i`: kills its process (or stops its in-process
+    /// server), or moves its directory away.
+    pub fn fail_node(&mut self, i: usize, mode: FailMode) -> Result<()> {
+        let label = format!("main {i}");
+        match mode {
+            FailMode::Unreadable => {
+                let dir = self
+                    .dirs
+                    .get(i)
+                    .ok_or_else(|| Error::Invalid(format!("{label} is not local")))?;
+                let away = dir.with_extension("lost");
+                std::fs::rename(dir, &away).map_err(|e| Error::io(dir, e))?;
+            }
+            FailMode::Kill => match self.owned.get_mut(i) {
+                Some(Owned::Process(c)) => {
+                    c.kill()
+                        .map_err(|e| Error::node(&label, format!("kill: {e}")))?;
+                    let _ = c.wait();
+                }
+                Some(Owned::InProcess(n)) => n.halt(),
+                None => return Err(Error::Invalid(format!("{label} is not local"))),
+            },
+        }
+        Ok(())
+    }
+
+    fn progress(&self, msg: &str) {
+        if let Some(p) = &self.progress {
+            (p.0)(msg);
+        }
+        tracing::info!("{msg}");
+    }
+
+    /// Stops local nodes (processes are killed).
+    pub fn shutdown(&mut self) {
+        for o in self.owned.drain(..) {
+            match o {
+                Owned::Process(mut c) => {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                }
+                Owned::InProcess(n) => n.stop(),
+            }
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Starts `exe node` and reads the address it prints.
+fn spawn_node(exe: &Path, dir: &Path, model: DeviceModel, role: &str) -> Result<(Child, String)> {
+    let mut child = Command::new(exe)
+        .arg("node")
+        .arg("--dir")
+        .arg(dir)
+        .args(["--listen", "127.0.0.1:0", "--device-model", model.name()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| Error::node(role, format!("could not start {}: {e}", exe.display())))?;
+    let stdout = child.stdout.take().expect("piped");
+    let mut line = String::new();
+    let read = BufReader::new(stdout).read_line(&mut line);
+    let addr = line.trim().rsplit(' ').next().unwrap_or("").to_string();
+    if read.is_err() || !line.starts_with("smartstore node listening on ") || addr.is_empty() {
+        let _ = child.kill();
+        let status = child.wait().ok();
+        return Err(Error::node(
+            role,
+            format!("did not start (said {:?}, exit {status:?})", line.trim()),
+        ));
+    }
+    Ok((child, addr))
+}
