@@ -26,7 +26,7 @@
 //!                        |
 //!           store/   (NVS, cache directory, recovery-box journal)
 //!                        |
-//!   leaves: limits, units, recovery (the log), timer, metrics, faults, nbd/
+//!   leaves: limits, units, files, recovery (the log), timer, metrics, faults, nbd/
 //! ```
 //!
 //! | module | concept |
@@ -40,6 +40,7 @@
 //! | [`host`] | the listener and connections |
 //! | [`control`] | admin socket, status, metrics endpoint |
 //! | [`faults`] | every injectable fault, declared once |
+//! | [`files`] | creating the controller's state files (preallocation) |
 //! | [`recovery`] | the recovery log: every recovery, its rung, cause and duration |
 //! | [`metrics`] | counters and histograms, their Prometheus text |
 //! | [`units`] | the one size and duration grammar |
@@ -58,6 +59,8 @@ pub mod control;
 pub mod controller;
 pub mod engine;
 pub mod faults;
+#[allow(unsafe_code)]
+pub mod files;
 pub mod host;
 pub mod limits;
 pub mod metrics;

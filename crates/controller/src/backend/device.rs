@@ -32,25 +32,6 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     fn path(&self) -> &Path;
 }
 
-/// Give a new device (or NVS) file its full size, reserving the space where
-/// the file system can (so a full disk is found now, not by a write later).
-pub(crate) fn reserve(file: &File, capacity: u64) -> io::Result<()> {
-    let len = libc::off_t::try_from(capacity)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "device too large"))?;
-    // SAFETY: fallocate takes a file descriptor we own (kept open by `file`
-    // for the duration of the call) and integers; it touches no memory of ours.
-    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len) };
-    if rc == 0 {
-        return Ok(());
-    }
-    let err = io::Error::last_os_error();
-    match err.raw_os_error() {
-        // The file system cannot reserve space: a sparse file will do.
-        Some(libc::EOPNOTSUPP) => file.set_len(capacity),
-        _ => Err(err),
-    }
-}
-
 /// One 4 KiB block aligned for `O_DIRECT`.
 #[repr(C, align(4096))]
 struct AlignedBlock([u8; TRACK_BYTES]);
@@ -79,7 +60,7 @@ impl FileDevice {
         let file = opts.open(path)?;
         let len = file.metadata()?.len();
         if len == 0 {
-            reserve(&file, capacity)?;
+            crate::files::reserve(&file, capacity)?;
         } else if len != capacity {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,

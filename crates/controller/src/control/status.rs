@@ -15,9 +15,11 @@ pub fn render(ctl: &Controller) -> String {
     let m = ctl.runtime().metrics();
     let startup = ctl.startup();
     let how = match &startup.kind {
-        crate::RestartKind::Fresh => "new volume".to_owned(),
-        crate::RestartKind::Fast => "fast restart (rung 5)".to_owned(),
-        crate::RestartKind::Hard { reason } => format!("hard restart (rung 6: {reason})"),
+        crate::controller::RestartKind::Fresh => "new volume".to_owned(),
+        crate::controller::RestartKind::Fast => "fast restart (rung 5)".to_owned(),
+        crate::controller::RestartKind::Hard { reason } => {
+            format!("hard restart (rung 6: {reason})")
+        }
     };
     let _ = writeln!(
         out,

@@ -297,7 +297,7 @@ impl Nvs {
             // (SIGBUS) on a write when /dev/shm fills, and would allocate
             // its pages one fault at a time on the restart path instead of
             // once here.
-            crate::backend::device::reserve(&file, total).map_err(io)?;
+            crate::files::reserve(&file, total).map_err(io)?;
             file.write_all_at(&encode_superblock(slot_count, volume_id), 0)
                 .map_err(io)?;
             // high_water = 0: nothing written yet.
