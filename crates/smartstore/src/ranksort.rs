@@ -86,6 +86,41 @@ pub fn sort(
     if rows > u32::MAX as usize {
         return Ok(None);
     }
+    let Some(Normalized {
+        keys: normalized,
+        radix,
+        weights,
+    }) = normalize(batches, keys, rows)?
+    else {
+        return Ok(None);
+    };
+    let sorted = if radix <= MAX_BUCKETS {
+        by_buckets(schema, batches, normalized, radix, &weights)?
+    } else {
+        let order = sort_to_indices(&UInt64Array::from(normalized), None, None)?;
+        take_record_batch(&concat_batches(schema, batches)?, &order)?
+    };
+    Ok(Some(
+        (0..rows)
+            .step_by(batch_rows)
+            .map(|start| sorted.slice(start, batch_rows.min(rows - start)))
+            .collect(),
+    ))
+}
+
+/// Every row's normalized key, with what rebuilds the key columns from it.
+struct Normalized {
+    /// Row `r`'s normalized key, rows in input order.
+    keys: Vec<u64>,
+    /// Every normalized key is below this: the product of the keys' radixes.
+    radix: u64,
+    /// (key, its weight, its digits), least significant key first.
+    weights: Vec<(Key, u64, Digits)>,
+}
+
+/// The normalized key of each of the `rows` rows of `batches`; `None` when
+/// a key does not qualify or the radix product does not fit 64 bits.
+fn normalize(batches: &[RecordBatch], keys: &[Key], rows: usize) -> Result<Option<Normalized>> {
     let mut normalized = vec![0u64; rows];
     let mut radix: u64 = 1;
     // (key, its weight, its digits), for rebuilding the key columns.
@@ -112,57 +147,64 @@ pub fn sort(
         weights.push((*key, radix, digits));
         radix = next_radix;
     }
-    let sorted = if radix <= MAX_BUCKETS {
-        let (order, buckets) = bucket_order(UInt64Array::from(normalized), radix)?;
-        // The key columns follow from the buckets: bucket `v` holds the
-        // rows whose key `i` has the value of digit `(v / weight_i) %
-        // radix_i`. Only the other columns are gathered.
-        let mut columns: Vec<Option<ArrayRef>> = vec![None; schema.fields().len()];
-        for (key, weight, digits) in &weights {
-            let mut codes: Vec<u32> = Vec::with_capacity(rows);
-            for &(value, count) in &buckets {
-                let digit = (value / weight) % digits.radix;
-                codes.extend(std::iter::repeat_n(digit as u32, count));
-            }
-            let column = DictionaryArray::<UInt32Type>::try_new(
-                UInt32Array::from(codes),
-                digits.values.clone(),
-            )?;
-            columns[key.column] = Some(cast(&column, schema.field(key.column).data_type())?);
+    Ok(Some(Normalized {
+        keys: normalized,
+        radix,
+        weights,
+    }))
+}
+
+/// The rows in order of their normalized key (below `radix`, at most
+/// [`MAX_BUCKETS`]) as one batch: bucketed, the key columns rebuilt from
+/// the buckets, only the other columns gathered.
+fn by_buckets(
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+    normalized: Vec<u64>,
+    radix: u64,
+    weights: &[(Key, u64, Digits)],
+) -> Result<RecordBatch> {
+    let rows = normalized.len();
+    let (order, buckets) = bucket_order(UInt64Array::from(normalized), radix)?;
+    // The key columns follow from the buckets: bucket `v` holds the
+    // rows whose key `i` has the value of digit `(v / weight_i) %
+    // radix_i`. Only the other columns are gathered.
+    let mut columns: Vec<Option<ArrayRef>> = vec![None; schema.fields().len()];
+    for (key, weight, digits) in weights {
+        let mut codes: Vec<u32> = Vec::with_capacity(rows);
+        for &(value, count) in &buckets {
+            let digit = (value / weight) % digits.radix;
+            codes.extend(std::iter::repeat_n(digit as u32, count));
         }
-        let rest: Vec<usize> = (0..columns.len())
-            .filter(|&c| columns[c].is_none())
-            .collect();
-        if !rest.is_empty() {
-            let projected = batches
-                .iter()
-                .map(|b| b.project(&rest))
-                .collect::<std::result::Result<Vec<_>, _>>()?;
-            let gathered = take_record_batch(
-                &concat_batches(&Arc::new(schema.project(&rest)?), &projected)?,
-                &order,
-            )?;
-            for (from, &to) in rest.iter().enumerate() {
-                columns[to] = Some(gathered.column(from).clone());
-            }
+        let column = DictionaryArray::<UInt32Type>::try_new(
+            UInt32Array::from(codes),
+            digits.values.clone(),
+        )?;
+        columns[key.column] = Some(cast(&column, schema.field(key.column).data_type())?);
+    }
+    let rest: Vec<usize> = (0..columns.len())
+        .filter(|&c| columns[c].is_none())
+        .collect();
+    if !rest.is_empty() {
+        let projected = batches
+            .iter()
+            .map(|b| b.project(&rest))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let gathered = take_record_batch(
+            &concat_batches(&Arc::new(schema.project(&rest)?), &projected)?,
+            &order,
+        )?;
+        for (from, &to) in rest.iter().enumerate() {
+            columns[to] = Some(gathered.column(from).clone());
         }
-        RecordBatch::try_new(
-            schema.clone(),
-            columns
-                .into_iter()
-                .map(|c| c.expect("every column rebuilt or gathered"))
-                .collect(),
-        )?
-    } else {
-        let order = sort_to_indices(&UInt64Array::from(normalized), None, None)?;
-        take_record_batch(&concat_batches(schema, batches)?, &order)?
-    };
-    Ok(Some(
-        (0..rows)
-            .step_by(batch_rows)
-            .map(|start| sorted.slice(start, batch_rows.min(rows - start)))
+    }
+    Ok(RecordBatch::try_new(
+        schema.clone(),
+        columns
+            .into_iter()
+            .map(|c| c.expect("every column rebuilt or gathered"))
             .collect(),
-    ))
+    )?)
 }
 
 /// Normalized keys with at most this many distinct values are ordered by
