@@ -12,20 +12,38 @@
 //! | paper | here |
 //! |---|---|
 //! | smart node (SD, SM), section 2.2 | [`node::Node`], `rebound node` |
-//! | storage group, mirror group (3.1), parity node (3.4) | [`host::Cluster`], [`host::Layout`] |
+//! | storage group, mirror group (3.1), parity node (3.4) | [`host::Cluster`], [`spec::ClusterSpec`], [`spec::Layout`] |
 //! | row-wise and column-wise partitions, parity | [`redundancy`] |
 //! | a node's stored partition (row-wise across nodes, column by column inside one) | [`columnar`], [`object`] |
-//! | query plan distributed to the nodes (2.3) | [`plan::Fragment`] |
+//! | query plan distributed to the nodes (2.3) | [`plan::Fragment`], [`wire`] |
 //! | primitives Scan, Sort, AggGrpSort bundle (2.3, 4.2) | [`plan::Primitive`], [`ops`] |
 //! | Sort on few-valued (dictionary) keys, by normalized key | [`ranksort`] |
 //! | the bundle's Group-by over sorted input, by runs | [`rungroup`], [`ops`] |
 //! | checkpoint per primitive (4.2) | [`host::Cluster::checkpoint_all`], [`host::Cluster::run_query_with`] |
 //! | HP C2490A disk, MEMS G1 to G3 (5.2, Table 1) | [`devmodel`] |
-//! | Scan and TPC-H Q1 workloads (4) | [`tpch`] |
+//! | Scan and TPC-H Q1 workloads (4) | [`spec::Query`], [`tpch`] |
 //! | recovery schemes: spare, migration, redistribution, parity (3.1 to 3.4) | [`recovery`], [`host::Cluster::run_query_with`] |
 //!
 //! Stored objects are checksummed ([`object`]); a damaged one is an error
 //! naming the file, never a wrong answer.
+//!
+//! ## Layers
+//!
+//! A module names (`crate::x`, in a `use`, a `use crate::{..}` group or an
+//! inline path) only modules of a lower layer, so imports run one way and
+//! no two modules need each other. The files of a folder module
+//! (`src/node/`, `src/host/`) belong to it and reach each other through
+//! `super`. `tests/layers.rs` reads this table and every file under `src/`,
+//! and fails on a name that breaks it or a module missing from it.
+//!
+//! | layer | modules | what |
+//! |---|---|---|
+//! | 0 | `error`, `redundancy` | the error type; the redundancy crate (layouts, parity), re-exported |
+//! | 1 | `batch`, `devmodel`, `object`, `plan`, `ranksort`, `rungroup` | leaves: a batch's own bytes, device models, the object envelope, plan fragments, the Sort and Group-by kernels |
+//! | 2 | `columnar`, `ops`, `spec`, `wire` | a table object's payload, the primitives, the cluster and workload asked for, the Flight messages |
+//! | 3 | `client`, `recovery`, `tpch` | the Flight client, the recovery schemes and faults, the TPC-H data and plans |
+//! | 4 | `node` | a storage node: its store, its transfers to peers, its Flight service |
+//! | 5 | `host` | the host: the cluster, the query loop, the recovery steps, the report |
 
 pub mod batch;
 pub mod client;
