@@ -1,5 +1,9 @@
 //! The Flight client a host (or a node talking to a peer) uses to reach a
-//! storage node. Every error names the node.
+//! storage node: the host's side of sending plan fragments and fetching
+//! results (section 2.3 of the smart-storage paper), and a node's side of
+//! checkpoint and recovery transfers (sections 3 and 4.2), in
+//! [`crate::wire`]'s messages. Every error names the node, and a node that
+//! does not answer is reported lost, the fault section 3 recovers from.
 
 use std::time::Duration;
 

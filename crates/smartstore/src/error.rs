@@ -1,6 +1,9 @@
 //! The one error type of smartstore. Every variant names what failed: the
 //! node (by role and address), the file, or the plan fragment, so an operator
-//! can act on it without reading code.
+//! can act on it without reading code. A lost node ([`Error::NodeLost`];
+//! on the node itself, [`Error::StorageLost`]) is the fault of section 3
+//! of the smart-storage paper, which the host tells apart from every other
+//! error to recover from it.
 
 use std::path::PathBuf;
 
