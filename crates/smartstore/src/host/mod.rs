@@ -122,6 +122,20 @@ async fn run_on(
     futures::future::join_all(calls).await
 }
 
+/// Every node of a group, node `i` standing for main node `i`, working on
+/// `input`.
+fn group_workers(group: &[NodeClient], input: &str) -> Vec<Worker> {
+    group
+        .iter()
+        .enumerate()
+        .map(|(i, c)| Worker {
+            client: c.clone(),
+            inputs: vec![input.to_string()],
+            slot: Some(i),
+        })
+        .collect()
+}
+
 /// Names of the objects a query materialises.
 pub mod names {
     /// The base table partition on a main node.
@@ -262,15 +276,7 @@ impl Cluster {
 
     /// Every main node, working on `input`.
     fn main_workers(&self, input: &str) -> Vec<Worker> {
-        self.main
-            .iter()
-            .enumerate()
-            .map(|(i, c)| Worker {
-                client: c.clone(),
-                inputs: vec![input.to_string()],
-                slot: Some(i),
-            })
-            .collect()
+        group_workers(&self.main, input)
     }
 
     /// Checkpoints each worker's `object` to the redundancy slot of the

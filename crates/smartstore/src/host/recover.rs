@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use super::{Cluster, Phase, Worker, names};
+use super::{Cluster, Phase, Worker, group_workers, names};
 use crate::client::NodeClient;
 use crate::error::{Error, Result};
 use crate::recovery::{Fault, Scheme};
@@ -90,15 +90,7 @@ impl Cluster {
     /// Load migration: the mirror group, which holds the checkpoints of
     /// `src`, takes over the work.
     fn migrate(&self, src: &str) -> Vec<Worker> {
-        self.mirror
-            .iter()
-            .enumerate()
-            .map(|(j, m)| Worker {
-                client: m.clone(),
-                inputs: vec![names::ckpt(src)],
-                slot: Some(j),
-            })
-            .collect()
+        group_workers(&self.mirror, &names::ckpt(src))
     }
 
     /// Load redistribution: every main node's `src` (the lost one's from
