@@ -47,122 +47,32 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use rcs::fault::FaultPoint;
 use rcs::{Failure, Priority, RecoveryPoint, Strategy, TaskCtx};
 
 use crate::config::FlushPolicy;
-use crate::engine::{Engine, ReplySink};
+use crate::engine::Engine;
 use crate::faults;
 use crate::limits::{MAX_PAYLOAD_BYTES, TRACK_BYTES};
-use crate::metrics::Op;
+
+use crate::engine::request::{QUEUE_WAITS_MAX, Request, SlotState};
 use crate::nbd::proto::{NbdError, RequestHeader, cflags, cmd};
 use crate::recovery::Rung;
-
-/// Redrives of one request before it is answered `EIO`.
-pub const MAX_REDRIVES: u8 = 3;
-
-/// Back-offs of one staging read on a full device queue before its stage
-/// fails (about 5 s at the longest back-off).
-pub const QUEUE_WAITS_MAX: u32 = 1000;
-
-/// Where a write's NVS slots stand (for the clean-up on drop).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum SlotState {
-    /// Reserved, not yet written: give back.
-    Reserved,
-    /// Records written, not yet in the directory: free.
-    Written,
-    /// Owned by the cache directory now.
-    Applied,
-}
-
-/// One NBD request in flight.
-pub(crate) struct Request {
-    /// The engine that runs it.
-    pub(crate) engine: Arc<Engine>,
-    /// Where its reply goes.
-    pub(crate) conn: Arc<dyn ReplySink>,
-    pub(crate) header: RequestHeader,
-    pub(crate) payload: Vec<u8>,
-    pub(crate) slots: Vec<u32>,
-    pub(crate) slot_state: SlotState,
-    pub(crate) data: Vec<u8>,
-    pub(crate) misses: Vec<(usize, u64)>,
-    pub(crate) received: Instant,
-    /// An error decided before validation (payload over the limit).
-    pub(crate) early_error: Option<(NbdError, &'static str)>,
-    replied: bool,
-    /// The stage the request is in (or was handed to), for a redrive.
-    at: Option<StageRef>,
-    /// Whether that stage's body has begun.
-    in_body: bool,
-    /// Redrives so far.
-    redrives: u8,
-    /// Counted in the pipeline (see [`crate::engine::system`]).
-    counted: bool,
-    /// Escalated to rung 4 once already.
-    escalated: bool,
-    /// NVS slots to reserve before a parked write runs again.
-    reserve_on_resume: u32,
-    /// Back-offs on a full device queue so far.
-    queue_waits: u32,
-    /// FUA and FLUSH: tracks still to make durable; with TRIM and
-    /// WRITE_ZEROES, back-offs so far and when to give up (each try is a
-    /// task of its own; see [`durable`] and [`zero`]).
-    durable_left: Option<Vec<u64>>,
-    durable_waits: u32,
-    durable_deadline: Option<Instant>,
-    /// TRIM and WRITE_ZEROES: the destage fence this request set on its
-    /// range and the sequence number its zeroing supersedes below. Lifted
-    /// by the request's clean-up block if the request ends without
-    /// finishing the zeroing (a redrive sets a new one).
-    zero_fence: Option<(u64, u64)>,
-    /// The zeroing's wait for a degraded volume is in the recovery log.
-    zero_held_recorded: bool,
-    /// A write that failed inside `cache.apply` was rolled back out of the
-    /// directory (Log(Lock)): redriving it from `nvs.write` is safe.
-    rolled_back: bool,
-    /// What the failed stage's handler found (Log(Lock)'s decision), for
-    /// the recovery log record of the redrive or escalation.
-    note: Option<String>,
-    /// The request's control block (taken at admission).
-    pub(crate) block: Option<crate::engine::ctlblock::Block>,
-    /// Alive while the request is (its control block's owner).
-    pub(crate) alive: Option<crate::engine::ctlblock::Liveness>,
-    /// Its stage found the controller's state inconsistent (a directory
-    /// entry naming a record the NVS does not hold): no redrive can help;
-    /// escalate (rung 3 with output commit, else 4).
-    corrupt_state: bool,
-    /// Passed validation: under output commit its reply waits in the
-    /// output gate for its epoch to commit (rung 3).
-    gated: bool,
-}
-
-/// What the clean-up block of a failed request does.
-enum Redrive {
-    /// Run it again from this stage (rung 1).
-    Stage(StageRef),
-    /// No task-level redrive is provably safe: rung 4.
-    Escalate,
-    /// Answer `EIO`.
-    Fail,
-}
 
 /// A stage with its group and fault point.
 #[derive(Clone, Copy)]
 pub(crate) struct StageRef {
-    group: rcs::GroupId,
-    priority: Priority,
-    stage: Stage,
-    name: &'static str,
-    point: &'static FaultPoint,
+    pub(super) group: rcs::GroupId,
+    pub(super) priority: Priority,
+    pub(super) stage: Stage,
+    pub(super) name: &'static str,
+    pub(super) point: &'static rcs::fault::FaultPoint,
 }
 
 /// A [`StageRef`] entered through the fault point `$point` (one of
 /// [`crate::faults`]), named after it.
 macro_rules! stage {
     ($group:expr, $priority:expr, $stage:expr, $point:expr) => {{
-        let point: &'static FaultPoint = &$point;
+        let point: &'static rcs::fault::FaultPoint = &$point;
         StageRef {
             group: $group,
             priority: $priority,
@@ -173,449 +83,8 @@ macro_rules! stage {
     }};
 }
 
-impl std::fmt::Debug for Request {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Request")
-            .field("header", &self.header)
-            .field("slots", &self.slots.len())
-            .finish()
-    }
-}
-
-impl Request {
-    pub(crate) fn new(
-        engine: Arc<Engine>,
-        conn: Arc<dyn ReplySink>,
-        header: RequestHeader,
-    ) -> Self {
-        Self {
-            engine,
-            conn,
-            header,
-            payload: Vec::new(),
-            slots: Vec::new(),
-            slot_state: SlotState::Reserved,
-            data: Vec::new(),
-            misses: Vec::new(),
-            received: Instant::now(),
-            early_error: None,
-            replied: false,
-            at: None,
-            in_body: false,
-            redrives: 0,
-            counted: false,
-            escalated: false,
-            reserve_on_resume: 0,
-            queue_waits: 0,
-            durable_left: None,
-            durable_waits: 0,
-            durable_deadline: None,
-            zero_fence: None,
-            zero_held_recorded: false,
-            rolled_back: false,
-            note: None,
-            block: None,
-            alive: Some(Arc::new(())),
-            corrupt_state: false,
-            gated: false,
-        }
-    }
-
-    /// What the clean-up block does with this failed request.
-    fn redrive_from(&self) -> Redrive {
-        let Some(at) = self.at else {
-            return Redrive::Fail;
-        };
-        let ctl = self.ctl();
-        if self.early_error.is_some() || ctl.stopping.load(std::sync::atomic::Ordering::SeqCst) {
-            return Redrive::Fail;
-        }
-        if self.corrupt_state {
-            return if self.escalated {
-                Redrive::Fail
-            } else {
-                Redrive::Escalate
-            };
-        }
-        let g = ctl.groups;
-        let safe = if !self.in_body {
-            Some(at)
-        } else {
-            match self.header.kind {
-                cmd::READ => Some(stage!(
-                    g.cache,
-                    Priority::High,
-                    cache_read,
-                    faults::CACHE_READ
-                )),
-                // Failed inside cache.apply, the write may be partly in the
-                // directory: rewriting its slots is safe only once Log(Lock)
-                // rolled it back out (else rung 4).
-                cmd::WRITE
-                    if self.slot_state != SlotState::Applied
-                        && (at.name != "cache.apply" || self.rolled_back) =>
-                {
-                    Some(stage!(g.nvs, Priority::High, nvs_write, faults::NVS_WRITE))
-                }
-                cmd::WRITE if at.name == "device.fua" => Some(at),
-                cmd::FLUSH => Some(at),
-                _ => None,
-            }
-        };
-        match safe {
-            // While a system recovery quiesces, the request is parked (it
-            // does not count as a redrive).
-            Some(from) if self.redrives < MAX_REDRIVES || ctl.system.is_quiescing() => {
-                Redrive::Stage(from)
-            }
-            _ if !self.escalated => Redrive::Escalate,
-            _ => Redrive::Fail,
-        }
-    }
-
-    /// Move the request's state into a new request that will run from
-    /// `from` (the clean-up block cannot move `self`).
-    fn successor(&mut self, from: StageRef) -> Box<Request> {
-        let counted = std::mem::replace(&mut self.counted, false);
-        Box::new(Request {
-            engine: Arc::clone(&self.engine),
-            conn: Arc::clone(&self.conn),
-            header: self.header,
-            payload: std::mem::take(&mut self.payload),
-            slots: std::mem::take(&mut self.slots),
-            slot_state: if self.slot_state == SlotState::Written {
-                // The records will be written again, with new sequence
-                // numbers, into the same slots.
-                SlotState::Reserved
-            } else {
-                self.slot_state
-            },
-            data: std::mem::take(&mut self.data),
-            misses: if from.name == "cache.read" {
-                Vec::new()
-            } else {
-                std::mem::take(&mut self.misses)
-            },
-            received: self.received,
-            early_error: None,
-            replied: false,
-            at: Some(from),
-            in_body: false,
-            redrives: self.redrives,
-            counted,
-            escalated: self.escalated,
-            reserve_on_resume: 0,
-            queue_waits: 0,
-            durable_left: None,
-            durable_waits: 0,
-            durable_deadline: None,
-            zero_fence: None,
-            zero_held_recorded: false,
-            rolled_back: false,
-            note: None,
-            block: self.block.take(),
-            alive: self.alive.take(),
-            corrupt_state: false,
-            gated: self.gated,
-        })
-    }
-
-    /// The clean-up block's rung-1 recovery: hand the request's state to a
-    /// new task at `from` (or park it, if a system recovery is quiescing).
-    fn redrive(&mut self, from: StageRef) {
-        let ctl = Arc::clone(self.ctl());
-        let mut req = self.successor(from);
-        if ctl.system.is_quiescing() {
-            ctl.system.park(req);
-            return;
-        }
-        req.redrives += 1;
-        tracing::info!(
-            cookie = self.header.cookie,
-            failed_in = self.at.map_or("?", |a| a.name),
-            redrive_from = from.name,
-            attempt = req.redrives,
-            "rung 1: redriving a request whose stage failed"
-        );
-        ctl.recoveries.record(
-            Rung::Task,
-            format!(
-                "stage {} failed; {}request redriven from {}",
-                self.at.map_or("?", |a| a.name),
-                self.note.take().map_or(String::new(), |n| n + "; "),
-                from.name
-            ),
-            std::time::Duration::ZERO,
-            1,
-        );
-        submit_stage(&ctl.rt, req, from, "a redrive");
-    }
-
-    /// The clean-up block's escalation: no task-level redrive is provably
-    /// safe (or the bound is spent), so the request is parked and a system
-    /// recovery (rung 4) rebuilds the controller's state before it runs
-    /// again.
-    fn escalate(&mut self) {
-        let ctl = Arc::clone(self.ctl());
-        let at = self.at.expect("escalated requests have a stage");
-        let cause = format!(
-            "{} {} failed in {} after {} redrives; {}",
-            if self.header.kind == cmd::WRITE {
-                "a WRITE"
-            } else {
-                "a request"
-            },
-            self.header.cookie,
-            at.name,
-            self.redrives,
-            self.note
-                .take()
-                .unwrap_or_else(|| "no task-level recovery is provably safe".to_owned())
-        );
-        // The stage is only a placeholder: parking picks the real one.
-        let mut req = self.successor(at);
-        req.escalated = true;
-        req.slot_state = self.slot_state;
-        ctl.system.park(req);
-        crate::engine::system::escalate(&ctl, cause);
-    }
-
-    /// Before parking (rung 4): decide where the request runs again once
-    /// the controller's state is rebuilt, and let go of what the rebuild
-    /// decides anew (NVS slots, staged data).
-    pub(crate) fn prepare_to_park(&mut self) {
-        if std::mem::replace(&mut self.counted, false) {
-            self.ctl().system.left();
-        }
-        let Some(at) = self.at else { return };
-        let g = self.ctl().groups;
-        let from_start = at.name == "host.receive";
-        let resume = match self.header.kind {
-            _ if from_start => at,
-            cmd::READ => stage!(g.cache, Priority::High, cache_read, faults::CACHE_READ),
-            cmd::WRITE if self.slot_state != SlotState::Applied => {
-                stage!(g.nvs, Priority::High, nvs_write, faults::NVS_WRITE)
-            }
-            cmd::FLUSH => stage!(g.device, Priority::Medium, flush, faults::DEVICE_FLUSH),
-            cmd::TRIM | cmd::WRITE_ZEROES => {
-                stage!(g.device, Priority::Medium, zero, faults::DEVICE_ZERO)
-            }
-            _ => at,
-        };
-        if self.header.kind == cmd::WRITE && self.slot_state != SlotState::Applied {
-            // The rebuilt NVS free list owns these slots now (a record the
-            // box does not name is erased; a scan adopts a valid one as an
-            // unacknowledged write). Fresh ones are reserved on resume.
-            self.reserve_on_resume = self.slots.len() as u32;
-            self.slots.clear();
-            self.slot_state = SlotState::Reserved;
-        }
-        if resume.name == "cache.read" {
-            self.misses.clear();
-        }
-        self.at = Some(resume);
-        self.in_body = false;
-    }
-
-    /// Rung 3: the request's work since its start may have been rolled
-    /// back; run it again from its first stage after validation, with its
-    /// kept header and payload (a write gets fresh NVS slots on resume).
-    pub(crate) fn rewind(&mut self) {
-        if std::mem::replace(&mut self.counted, false) {
-            self.ctl().system.left();
-        }
-        self.replied = false;
-        let Some(at) = self.at else { return };
-        if at.name == "host.receive" {
-            self.in_body = false;
-            return;
-        }
-        let g = self.ctl().groups;
-        let from = match self.header.kind {
-            cmd::READ => stage!(g.cache, Priority::High, cache_read, faults::CACHE_READ),
-            cmd::WRITE => {
-                debug_assert_eq!(
-                    self.payload.len(),
-                    self.header.length as usize,
-                    "output commit keeps write payloads"
-                );
-                // The rollback rebuilt the NVS free list: the old slots
-                // are not this request's any more.
-                self.reserve_on_resume = self.tracks() as u32;
-                self.slots.clear();
-                self.slot_state = SlotState::Reserved;
-                stage!(g.nvs, Priority::High, nvs_write, faults::NVS_WRITE)
-            }
-            cmd::FLUSH => stage!(g.device, Priority::Medium, flush, faults::DEVICE_FLUSH),
-            cmd::TRIM | cmd::WRITE_ZEROES => {
-                stage!(g.device, Priority::Medium, zero, faults::DEVICE_ZERO)
-            }
-            _ => at,
-        };
-        self.misses.clear();
-        self.data = Vec::new();
-        self.at = Some(from);
-        self.in_body = false;
-    }
-
-    /// NVS slots a parked request needs before it runs again.
-    pub(crate) fn slots_to_reserve(&self) -> u32 {
-        self.reserve_on_resume
-    }
-
-    /// A parked request that cannot run again: answered `EIO` by its
-    /// clean-up block.
-    pub(crate) fn give_up(mut self: Box<Self>) {
-        self.at = None;
-    }
-
-    fn ctl(&self) -> &Arc<Engine> {
-        &self.engine
-    }
-
-    fn first_track(&self) -> u64 {
-        self.header.offset / TRACK_BYTES as u64
-    }
-
-    fn tracks(&self) -> u64 {
-        u64::from(self.header.length) / TRACK_BYTES as u64
-    }
-
-    fn op(&self) -> Op {
-        match self.header.kind {
-            cmd::READ => Op::Read,
-            cmd::WRITE => Op::Write,
-            cmd::FLUSH => Op::Flush,
-            cmd::TRIM => Op::Trim,
-            cmd::WRITE_ZEROES => Op::WriteZeroes,
-            _ => Op::Other,
-        }
-    }
-
-    /// Send the reply (data for a successful READ) and finish the request;
-    /// under output commit, put it in the output gate until its epoch
-    /// commits.
-    pub(crate) fn reply(mut self, result: Result<(), (NbdError, &str)>) {
-        let ctl = Arc::clone(self.ctl());
-        if self.gated && ctl.epochs.enabled() {
-            if std::mem::replace(&mut self.counted, false) {
-                ctl.system.left();
-            }
-            if self.header.kind == cmd::FLUSH || self.header.flags & cflags::FUA != 0 {
-                ctl.epochs.need_sync();
-            }
-            let idle = ctl.system.in_pipeline() == 0;
-            ctl.epochs.hold_reply(
-                Box::new(self),
-                result.map_err(|(e, m)| (e, m.to_owned())),
-                idle,
-            );
-            return;
-        }
-        self.reply_now(result);
-    }
-
-    /// The reply of a request held in the output gate, at its epoch's
-    /// commit.
-    pub(crate) fn reply_committed(self: Box<Self>, result: Result<(), (NbdError, String)>) {
-        (*self).reply_now(
-            result
-                .as_ref()
-                .map(|_| ())
-                .map_err(|(e, m)| (*e, m.as_str())),
-        );
-    }
-
-    fn reply_now(mut self, result: Result<(), (NbdError, &str)>) {
-        self.replied = true;
-        self.give_back_slots();
-        self.give_back_block();
-        let ok = result.is_ok();
-        let op = self.op();
-        let bytes = u64::from(self.header.length);
-        let data = std::mem::take(&mut self.data);
-        self.conn.send_reply(&self.header, result, data);
-        self.ctl()
-            .metrics
-            .record(op, bytes, ok, self.received.elapsed());
-    }
-
-    /// Drop the request without any reply (the connection is being closed:
-    /// the client went away or broke the protocol).
-    pub(crate) fn abandon(mut self) {
-        self.replied = true;
-        self.give_back_slots();
-    }
-
-    /// Release the control block and end the request's liveness, before
-    /// the client can see an answer (so its next request never finds the
-    /// block still taken, or a lost one still owned).
-    fn give_back_block(&mut self) {
-        if let Some(block) = self.block.take() {
-            self.engine.blocks.release(block);
-        }
-        self.alive = None;
-    }
-
-    fn give_back_slots(&mut self) {
-        let slots = std::mem::take(&mut self.slots);
-        match self.slot_state {
-            SlotState::Reserved => self.ctl().nvs.release(&slots),
-            SlotState::Written => self.ctl().nvs.free(&slots),
-            SlotState::Applied => {}
-        }
-    }
-}
-
-impl Drop for Request {
-    fn drop(&mut self) {
-        if let Some((fence, _)) = self.zero_fence.take() {
-            // A zeroing left unfinished: destage may go on in its range
-            // (what it destages is what reads have been returning).
-            self.ctl().cache.lift_zeroing(fence);
-        }
-        if !self.replied {
-            self.replied = true;
-            // The clean-up block of a request whose task did not finish.
-            match self.redrive_from() {
-                // The new request carries the connection's in-flight count
-                // and the pipeline count on.
-                Redrive::Stage(from) => self.redrive(from),
-                Redrive::Escalate => self.escalate(),
-                Redrive::Fail => self.fail(),
-            }
-        } else {
-            self.conn.finish_request();
-        }
-        if self.counted {
-            self.ctl().system.left();
-        }
-        self.give_back_block();
-    }
-}
-
-impl Request {
-    /// Answer `EIO`: no recovery applies.
-    fn fail(&mut self) {
-        self.give_back_slots();
-        self.give_back_block();
-        tracing::warn!(
-            cookie = self.header.cookie,
-            kind = self.header.kind,
-            "request dropped without a reply; answering EIO"
-        );
-        let data = std::mem::take(&mut self.data);
-        self.conn.send_reply(
-            &self.header,
-            Err((NbdError::Io, "request failed inside the controller")),
-            data,
-        );
-        self.engine
-            .metrics
-            .record(self.op(), 0, false, self.received.elapsed());
-        self.conn.finish_request();
-    }
-}
+/// The macro, for the request's clean-up block (`request.rs`).
+pub(crate) use stage;
 
 type Stage = fn(&mut TaskCtx<'_>, Box<Request>) -> Result<(), Failure>;
 
@@ -715,7 +184,7 @@ pub(crate) fn resume(mut req: Box<Request>) {
 /// runtime refuses (it is shutting down), the task and the request in it
 /// are dropped and the request's clean-up block answers; `what` names the
 /// submission in the log.
-fn submit_stage(rt: &rcs::Handle, req: Box<Request>, at: StageRef, what: &str) {
+pub(super) fn submit_stage(rt: &rcs::Handle, req: Box<Request>, at: StageRef, what: &str) {
     let submitted = rt.submit_named(at.group, at.priority, at.name, move |ctx| {
         run_stage(ctx, req, at)
     });
@@ -725,7 +194,7 @@ fn submit_stage(rt: &rcs::Handle, req: Box<Request>, at: StageRef, what: &str) {
 }
 
 /// host: validate and route.
-fn receive(ctx: &mut TaskCtx<'_>, req: Box<Request>) -> Result<(), Failure> {
+pub(super) fn receive(ctx: &mut TaskCtx<'_>, req: Box<Request>) -> Result<(), Failure> {
     if let Some((e, msg)) = req.early_error {
         req.reply(Err((e, msg)));
         return Ok(());
@@ -819,7 +288,7 @@ pub(crate) fn validate(
 }
 
 /// cache: serve hits from frames and NVS records; collect misses.
-fn cache_read(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failure> {
+pub(super) fn cache_read(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failure> {
     let ctl = Arc::clone(req.ctl());
     req.data = vec![0u8; req.header.length as usize];
     let first = req.first_track();
@@ -976,7 +445,7 @@ fn continue_after(
 }
 
 /// nvs: write one record per track into the reserved slots.
-fn nvs_write(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failure> {
+pub(super) fn nvs_write(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failure> {
     let ctl = Arc::clone(req.ctl());
     let tracks = req.tracks();
     debug_assert_eq!(req.slots.len() as u64, tracks);
@@ -1002,8 +471,6 @@ fn nvs_write(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failure
     Ok(())
 }
 
-/// Fault point inside `cache.apply`, after each track enters the directory.
-
 /// Log(Lock) actor ids for `cache.apply` tasks (unique among live actors).
 static NEXT_ACTOR: AtomicU64 = AtomicU64::new(1);
 
@@ -1015,7 +482,7 @@ static NEXT_ACTOR: AtomicU64 = AtomicU64::new(1);
 /// under the shard lock, and keeps the entries as they were. If it fails
 /// part-way ([`recover_apply`]), the protocols decide from the restoration
 /// level whether it may roll back alone.
-fn cache_apply(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failure> {
+pub(super) fn cache_apply(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failure> {
     let ctl = Arc::clone(req.ctl());
     let first_seq = req.misses[0].1;
     let first = req.first_track();
@@ -1177,7 +644,7 @@ fn recover_apply(
 }
 
 /// device: make a FUA write durable before its reply.
-fn fua(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failure> {
+pub(super) fn fua(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failure> {
     let ctl = Arc::clone(req.ctl());
     match ctl.config.flush {
         FlushPolicy::Devices => {
@@ -1201,7 +668,7 @@ fn fua(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failure> {
 
 /// device: FLUSH: every track dirty when it arrived is destaged, then the
 /// devices (or the NVS) synced.
-fn flush(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failure> {
+pub(super) fn flush(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failure> {
     let ctl = Arc::clone(req.ctl());
     let tracks = req
         .durable_left
@@ -1317,7 +784,7 @@ const ZERO_WAIT: std::time::Duration = crate::engine::destage::FORCE_WAIT;
 /// degraded volume, an edge track whose stripe waits for a replacement)
 /// it waits for as FLUSH does: the stage runs again after a back-off,
 /// holding no worker in between, keeping its fence, up to [`ZERO_WAIT`].
-fn zero(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failure> {
+pub(super) fn zero(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failure> {
     let ctl = Arc::clone(req.ctl());
     let again = stage!(
         ctl.groups.device,
@@ -1405,7 +872,7 @@ fn finish_io(req: Request, result: std::io::Result<()>) {
     clippy::boxed_local,
     reason = "a Stage: requests move between tasks boxed"
 )]
-fn reply_ok(_ctx: &mut TaskCtx<'_>, req: Box<Request>) -> Result<(), Failure> {
+pub(super) fn reply_ok(_ctx: &mut TaskCtx<'_>, req: Box<Request>) -> Result<(), Failure> {
     req.reply(Ok(()));
     Ok(())
 }

@@ -49,7 +49,7 @@ use rustc_hash::FxHashMap;
 use crate::backend::pseudodev::PseudoDevice;
 use crate::config::OutputCommit;
 use crate::engine::Engine;
-use crate::engine::datapath::Request;
+use crate::engine::request::Request;
 use crate::nbd::proto::NbdError;
 use crate::store::cache::Dirty;
 

@@ -17,7 +17,8 @@
 //! |---|---|
 //! | [`state`] | [`Engine`]: the shared state every stage, destage and recovery needs |
 //! | [`reply`] | [`ReplySink`]: how a finished request reaches its connection |
-//! | [`datapath`] | the I/O path as tasks, stage by stage; rung 1 redrives |
+//! | [`datapath`] | the I/O path as tasks, stage by stage |
+//! | [`request`] | a request in flight; its clean-up block decides rung 1 redrives |
 //! | [`ctlblock`] | request control blocks: a bounded pool, leaked blocks reclaimed by audit |
 //! | [`destage`] | destage of dirty tracks, FLUSH and FUA; lost tracks |
 //! | [`scrub`] | background check of the dirty NVS records |
@@ -31,6 +32,7 @@ pub mod destage;
 pub mod epoch;
 pub mod inject;
 pub mod reply;
+pub mod request;
 pub mod scrub;
 pub mod state;
 pub mod system;

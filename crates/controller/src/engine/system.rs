@@ -39,7 +39,8 @@ use std::time::{Duration, Instant};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 
 use crate::engine::Engine;
-use crate::engine::datapath::{self, Request};
+use crate::engine::datapath;
+use crate::engine::request::Request;
 use crate::recovery::Rung;
 
 /// Longest wait for the pipeline to drain before giving up on rung 4.

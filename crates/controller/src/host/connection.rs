@@ -38,7 +38,8 @@ use parking_lot::Mutex;
 use crate::controller::Controller;
 use crate::engine::ReplySink;
 use crate::engine::ctlblock::Exhausted;
-use crate::engine::datapath::{self, Request};
+use crate::engine::datapath;
+use crate::engine::request::Request;
 use crate::limits::{
     CONNECTION_READ_BUFFER_BYTES, DISCARD_PAYLOAD_MAX, HANDSHAKE_TIMEOUT_SECS,
     INFLIGHT_PER_CONNECTION_MAX, MAX_PAYLOAD_BYTES, TRACK_BYTES,
