@@ -652,52 +652,13 @@ impl RuntimeBuilder {
 
         let pool_of_worker = layout.pool_of_workers();
         let mapping = Mapping::new(&self.groups, &pool_of_worker, layout.sizes.len());
-        let capacity = self.queue_capacity;
-        let shared_capacity = capacity.saturating_mul(self.groups.len());
-        let groups = self
-            .groups
-            .iter()
-            .map(|spec| {
-                CachePadded::new(GroupState {
-                    name: spec.name.clone(),
-                    sigma: spec.sigma,
-                    queues: std::array::from_fn(|_| ArrayQueue::new(capacity)),
-                    admission: CachePadded::new(Admission::new()),
-                    recovery_epoch: CachePadded::new(AtomicU64::new(0)),
-                    recoveries: AtomicU64::new(0),
-                    recovery_times_us: Mutex::new(recovery_histogram()),
-                    emulated_hold_ns: AtomicU64::new(0),
-                    faults: GroupFaults::new(spec.fault_probability, spec.fault_recovery_time),
-                    handler: spec.handler.clone(),
-                })
-            })
-            .collect();
-        let workers = pool_of_worker
-            .iter()
-            .map(|&pool| Some(pool))
-            .chain(std::iter::repeat_n(None, self.affiliates))
-            .map(|pool| WorkerSlot {
-                thread: std::sync::OnceLock::new(),
-                pool,
-                stats: CachePadded::new(WorkerStats::new(self.groups.len())),
-                clock: CachePadded::new(TaskClock::default()),
-            })
-            .collect();
+        let shared_capacity = self.queue_capacity.saturating_mul(self.groups.len());
         // Popped from the end: the lowest slot first.
         let affiliate_slots = (pool_of_worker.len()..pool_of_worker.len() + self.affiliates)
             .rev()
             .collect();
-        let system_recovery = self.system_recovery.clone().unwrap_or_else(|| {
-            Arc::new(|failure: &SystemFailure| {
-                tracing::error!(
-                    cause = failure.cause.name(),
-                    failure = %failure.failure,
-                    "system-level recovery requested, but no callback is installed"
-                );
-            })
-        });
         let shared = Arc::new(Shared {
-            groups,
+            groups: self.group_states(),
             shared_queues: std::array::from_fn(|_| ArrayQueue::new(shared_capacity)),
             group_ready: std::array::from_fn(|_| CachePadded::new(ReadyMask::new())),
             shared_ready: CachePadded::new(ReadyMask::new()),
@@ -713,10 +674,10 @@ impl RuntimeBuilder {
             drain_timeout: self.drain_timeout,
             task_deadline: self.task_deadline,
             idle_spins: self.idle_spins,
-            workers,
+            workers: self.worker_slots(&pool_of_worker),
             affiliate_slots: Mutex::new(affiliate_slots),
             pool_sizes: layout.sizes.clone(),
-            system_recovery,
+            system_recovery: self.system_recovery_or_log(),
             events: Mutex::new(VecDeque::with_capacity(RECOVERY_EVENTS_MAX)),
             event_seq: AtomicU64::new(0),
             system_escalations: AtomicU64::new(0),
@@ -724,47 +685,107 @@ impl RuntimeBuilder {
             started: Instant::now(),
         });
         let mut threads = Vec::with_capacity(pool_of_worker.len());
-        for (index, &pool) in pool_of_worker.iter().enumerate() {
-            let for_worker = Arc::clone(&shared);
-            let spawned = std::thread::Builder::new()
-                .name(format!("{}-{index}", self.thread_name))
-                .spawn(move || Worker::new(index, pool).run(for_worker));
-            match spawned {
-                Ok(handle) => {
-                    let _ = shared.workers[index].thread.set(handle.thread().clone());
-                    threads.push(handle);
-                }
-                Err(e) => {
-                    let runtime = Runtime {
-                        handle: Handle { shared },
-                        threads,
-                    };
-                    drop(runtime);
-                    return Err(BuildError::Spawn(e));
-                }
-            }
-        }
-        if let Some(deadline) = self.task_deadline {
-            let hung_after = self.hung_after;
-            let for_watchdog = Arc::clone(&shared);
-            let spawned = std::thread::Builder::new()
-                .name(format!("{}-watchdog", self.thread_name))
-                .spawn(move || crate::deadline::watchdog(for_watchdog, deadline, hung_after));
-            match spawned {
-                Ok(handle) => threads.push(handle),
-                Err(e) => {
-                    drop(Runtime {
-                        handle: Handle { shared },
-                        threads,
-                    });
-                    return Err(BuildError::Spawn(e));
-                }
-            }
-        }
-        Ok(Runtime {
+        let spawned = self
+            .spawn_workers(&shared, &pool_of_worker, &mut threads)
+            .and_then(|()| self.spawn_watchdog(&shared, &mut threads));
+        let runtime = Runtime {
             handle: Handle { shared },
             threads,
+        };
+        match spawned {
+            Ok(()) => Ok(runtime),
+            Err(e) => {
+                // Stops the threads already started.
+                drop(runtime);
+                Err(BuildError::Spawn(e))
+            }
+        }
+    }
+
+    /// Each group's run-time state, its job queues allocated here.
+    fn group_states(&self) -> Box<[CachePadded<GroupState>]> {
+        let capacity = self.queue_capacity;
+        self.groups
+            .iter()
+            .map(|spec| {
+                CachePadded::new(GroupState {
+                    name: spec.name.clone(),
+                    sigma: spec.sigma,
+                    queues: std::array::from_fn(|_| ArrayQueue::new(capacity)),
+                    admission: CachePadded::new(Admission::new()),
+                    recovery_epoch: CachePadded::new(AtomicU64::new(0)),
+                    recoveries: AtomicU64::new(0),
+                    recovery_times_us: Mutex::new(recovery_histogram()),
+                    emulated_hold_ns: AtomicU64::new(0),
+                    faults: GroupFaults::new(spec.fault_probability, spec.fault_recovery_time),
+                    handler: spec.handler.clone(),
+                })
+            })
+            .collect()
+    }
+
+    /// The pool workers' slots, then the affiliates' slots.
+    fn worker_slots(&self, pool_of_worker: &[PoolId]) -> Box<[WorkerSlot]> {
+        pool_of_worker
+            .iter()
+            .map(|&pool| Some(pool))
+            .chain(std::iter::repeat_n(None, self.affiliates))
+            .map(|pool| WorkerSlot {
+                thread: std::sync::OnceLock::new(),
+                pool,
+                stats: CachePadded::new(WorkerStats::new(self.groups.len())),
+                clock: CachePadded::new(TaskClock::default()),
+            })
+            .collect()
+    }
+
+    /// The installed system-level recovery callback, or one that logs.
+    fn system_recovery_or_log(&self) -> SystemRecovery {
+        self.system_recovery.clone().unwrap_or_else(|| {
+            Arc::new(|failure: &SystemFailure| {
+                tracing::error!(
+                    cause = failure.cause.name(),
+                    failure = %failure.failure,
+                    "system-level recovery requested, but no callback is installed"
+                );
+            })
         })
+    }
+
+    /// Start one thread per pool worker, pushing each onto `threads`; stops
+    /// at the first that fails to start.
+    fn spawn_workers(
+        &self,
+        shared: &Arc<Shared>,
+        pool_of_worker: &[PoolId],
+        threads: &mut Vec<JoinHandle<()>>,
+    ) -> std::io::Result<()> {
+        for (index, &pool) in pool_of_worker.iter().enumerate() {
+            let for_worker = Arc::clone(shared);
+            let handle = std::thread::Builder::new()
+                .name(format!("{}-{index}", self.thread_name))
+                .spawn(move || Worker::new(index, pool).run(for_worker))?;
+            let _ = shared.workers[index].thread.set(handle.thread().clone());
+            threads.push(handle);
+        }
+        Ok(())
+    }
+
+    /// Start the deadline watchdog, if a task deadline is set.
+    fn spawn_watchdog(
+        &self,
+        shared: &Arc<Shared>,
+        threads: &mut Vec<JoinHandle<()>>,
+    ) -> std::io::Result<()> {
+        if let Some(deadline) = self.task_deadline {
+            let hung_after = self.hung_after;
+            let for_watchdog = Arc::clone(shared);
+            let handle = std::thread::Builder::new()
+                .name(format!("{}-watchdog", self.thread_name))
+                .spawn(move || crate::deadline::watchdog(for_watchdog, deadline, hung_after))?;
+            threads.push(handle);
+        }
+        Ok(())
     }
 }
 
