@@ -28,7 +28,7 @@ use crate::actor::{Actor, Tracked, with_actor};
 use crate::commit::COMMITS;
 use crate::core::LockCore;
 use crate::error::LogError;
-use crate::event::{ActorId, EventKind, LockId};
+use crate::event::{ActorId, Event, EventKind, LockId};
 use crate::recovery_point::RecoveryPoint;
 
 /// The restoration level of an actor with respect to one structure.
@@ -135,28 +135,59 @@ pub(crate) fn compute_on(
         // Other actors' accesses may be missing: assume every conflict,
         // except that DR and LU need a write of this actor, which its own
         // undo log knows about.
-        let wrote = window.wrote.unwrap_or_else(|| {
-            with_actor(|s| {
-                s.undo_overflow
-                    || s.undo[window.undo_from.min(s.undo.len())..]
-                        .iter()
-                        .any(|u| u.lock == core.id())
-            })
-            .unwrap_or(true)
-        });
+        let wrote = window
+            .wrote
+            .unwrap_or_else(|| wrote_per_undo_log(window.undo_from, core));
         level.dr = wrote;
         level.lu = wrote;
         level.ur = true;
         level.cd = true;
         level.complete = false;
     }
-    // Earliest witness of a conflict per other actor, as the commit count
-    // of its thread at the time (for CD).
+    let scan = scan_conflicts(actor, &snap.events, &mut level);
+    if !scan.witness.is_empty() && !level.cd {
+        committed_dependency(&scan.witness, commit_from, &mut level)?;
+    }
+    // Residual: still owned now (the pool's ownership is the truth) and
+    // acquired in the window (or possibly so, when entries were lost); or
+    // the lock itself still held.
+    level.rr = owned
+        .iter()
+        .any(|i| snap.lost || scan.acquired.contains(&(*i as u64)))
+        || crate::actor::holds(core, actor);
+    Ok(level)
+}
+
+/// Whether the calling actor's undo log, from `undo_from` on, holds a write
+/// of `core`'s structure (true if the undo log overflowed, or the thread
+/// state cannot be read: a write is then assumed).
+fn wrote_per_undo_log(undo_from: usize, core: &LockCore) -> bool {
+    with_actor(|s| {
+        s.undo_overflow
+            || s.undo[undo_from.min(s.undo.len())..]
+                .iter()
+                .any(|u| u.lock == core.id())
+    })
+    .unwrap_or(true)
+}
+
+/// What [`scan_conflicts`] saw besides the flags.
+struct ConflictScan {
+    /// Earliest witness of a conflict per other actor, as the commit count
+    /// of its thread at the time (for CD).
+    witness: HashMap<ActorId, u32>,
+    /// Items this actor acquired in the window.
+    acquired: Vec<u64>,
+}
+
+/// The DR, LU and UR patterns over the change-track `events` (in sequence
+/// order): set the flags in `level`, and note the conflicting actors and
+/// the items `actor` acquired.
+fn scan_conflicts(actor: ActorId, events: &[Event], level: &mut RestorationLevel) -> ConflictScan {
     let mut witness: HashMap<ActorId, u32> = HashMap::new();
-    // Items this actor acquired in the window.
     let mut acquired: Vec<u64> = Vec::new();
     let (mut first_r, mut first_w) = (u64::MAX, u64::MAX);
-    for e in &snap.events {
+    for e in events {
         if e.actor == actor {
             match e.kind {
                 EventKind::Read => first_r = first_r.min(e.seq),
@@ -188,30 +219,32 @@ pub(crate) fn compute_on(
             witness.entry(e.actor).or_insert(e.commits);
         }
     }
-    if !witness.is_empty() && !level.cd {
-        let commits = COMMITS.lock();
-        if commits.entries.iter().any(|c| !c.is_intact()) {
-            return Err(LogError::Corrupt("commit"));
-        }
-        if commits.dropped_through >= commit_from {
-            level.cd = true;
-            level.complete = false;
-        } else {
-            level.cd = commits.entries.iter().any(|c| {
-                witness
-                    .get(&c.actor)
-                    .is_some_and(|at| c.commits.wrapping_sub(*at) as i32 > 0)
-            });
-        }
+    ConflictScan { witness, acquired }
+}
+
+/// CD from the commit log: whether an actor of a conflict (`witness`)
+/// committed after it; assumed, and `complete` cleared, when the log has
+/// dropped commits from `commit_from` on.
+fn committed_dependency(
+    witness: &HashMap<ActorId, u32>,
+    commit_from: u64,
+    level: &mut RestorationLevel,
+) -> Result<(), LogError> {
+    let commits = COMMITS.lock();
+    if commits.entries.iter().any(|c| !c.is_intact()) {
+        return Err(LogError::Corrupt("commit"));
     }
-    // Residual: still owned now (the pool's ownership is the truth) and
-    // acquired in the window (or possibly so, when entries were lost); or
-    // the lock itself still held.
-    level.rr = owned
-        .iter()
-        .any(|i| snap.lost || acquired.contains(&(*i as u64)))
-        || crate::actor::holds(core, actor);
-    Ok(level)
+    if commits.dropped_through >= commit_from {
+        level.cd = true;
+        level.complete = false;
+    } else {
+        level.cd = commits.entries.iter().any(|c| {
+            witness
+                .get(&c.actor)
+                .is_some_and(|at| c.commits.wrapping_sub(*at) as i32 > 0)
+        });
+    }
+    Ok(())
 }
 
 impl Actor {
