@@ -399,47 +399,14 @@ impl RecoveryBox {
 
     /// InitItemType: a new type. Atomic.
     pub fn init_type(&self, spec: TypeSpec) -> Result<TypeId, TypeError> {
-        if spec.item_bytes == 0 || spec.item_bytes > ITEM_BYTES_MAX {
-            return Err(TypeError::ItemBytes {
-                got: spec.item_bytes,
-                max: ITEM_BYTES_MAX,
-            });
-        }
-        if spec.max_items == 0 || spec.max_items > MAX_ITEMS_MAX {
-            return Err(TypeError::MaxItems {
-                got: spec.max_items,
-                max: MAX_ITEMS_MAX,
-            });
-        }
-        let need = region_bytes(spec.item_bytes, spec.max_items).ok_or(TypeError::MaxItems {
-            got: spec.max_items,
-            max: MAX_ITEMS_MAX,
-        })?;
+        let need = Self::region_for(&spec)?;
         let _header = self.header.lock();
         if let Some(app) = spec.app_type_id
             && self.type_by_app_id(app).is_some()
         {
             return Err(TypeError::DuplicateAppId(app));
         }
-        // A free slot whose old region fits, else any free slot and fresh space.
-        let (index, reuse) = {
-            let mut any = None;
-            let mut fit = None;
-            for (i, m) in self.types.iter().enumerate() {
-                let m = m.lock();
-                if !m.live {
-                    any.get_or_insert(i);
-                    if m.region_bytes >= need && fit.is_none() {
-                        fit = Some(i);
-                    }
-                }
-            }
-            match (fit, any) {
-                (Some(i), _) => (i, true),
-                (None, Some(i)) => (i, false),
-                (None, None) => return Err(TypeError::TableFull(self.types.len() as u32)),
-            }
-        };
+        let (index, reuse) = self.free_slot(need)?;
         let mut slot = self.types[index].lock();
         let entry_at = type_entry_offset(index as u32);
         // SAFETY: the header is touched only under the header lock (held),
@@ -511,6 +478,48 @@ impl RecoveryBox {
         OpRecord::clear(&mut head[H_OP..]);
         *slot = meta;
         Ok(meta.id)
+    }
+
+    /// The bytes a type of `spec` needs (item info, then storage), once its
+    /// sizes are checked against the limits.
+    fn region_for(spec: &TypeSpec) -> Result<u64, TypeError> {
+        if spec.item_bytes == 0 || spec.item_bytes > ITEM_BYTES_MAX {
+            return Err(TypeError::ItemBytes {
+                got: spec.item_bytes,
+                max: ITEM_BYTES_MAX,
+            });
+        }
+        if spec.max_items == 0 || spec.max_items > MAX_ITEMS_MAX {
+            return Err(TypeError::MaxItems {
+                got: spec.max_items,
+                max: MAX_ITEMS_MAX,
+            });
+        }
+        region_bytes(spec.item_bytes, spec.max_items).ok_or(TypeError::MaxItems {
+            got: spec.max_items,
+            max: MAX_ITEMS_MAX,
+        })
+    }
+
+    /// A free slot whose old region fits (`reuse` true), else any free slot
+    /// and fresh space. The caller holds the header lock.
+    fn free_slot(&self, need: u64) -> Result<(usize, bool), TypeError> {
+        let mut any = None;
+        let mut fit = None;
+        for (i, m) in self.types.iter().enumerate() {
+            let m = m.lock();
+            if !m.live {
+                any.get_or_insert(i);
+                if m.region_bytes >= need && fit.is_none() {
+                    fit = Some(i);
+                }
+            }
+        }
+        match (fit, any) {
+            (Some(i), _) => Ok((i, true)),
+            (None, Some(i)) => Ok((i, false)),
+            (None, None) => Err(TypeError::TableFull(self.types.len() as u32)),
+        }
     }
 
     /// DeleteItemType: the type and its items are gone; its region can be
