@@ -117,72 +117,78 @@ fn child(box_path: &Path, log_path: &Path, seed: u64) {
     for i in 0..LOG_ENTRIES {
         let r = next();
         let t = (r % 3) as usize;
-        let (size, cap, _) = TYPES[t];
-        let ty = types[t];
+        let (_, cap, _) = TYPES[t];
         let items = &mut live[t];
         let pick = |r: u64, items: &Vec<u32>| items[(r >> 8) as usize % items.len()];
         let value = next();
-        let choice = (r >> 4) % 4;
-        let op = match choice {
-            _ if items.is_empty() => INSERT,
-            0 if items.len() < cap as usize => INSERT,
-            1 => DELETE,
-            2 => UPDATE,
-            3 if items.len() + 2 <= cap as usize => INSERT2,
-            _ => UPDATE,
-        };
+        let op = choose_op((r >> 4) % 4, items.len(), cap as usize);
         let slot = if matches!(op, DELETE | UPDATE) {
             pick(value, items)
         } else {
             u32::MAX
         };
-        log_put(
-            &mut log,
-            i,
-            Entry {
-                state: BEGUN,
-                op,
-                ty: t as u32,
-                slot,
-                slot2: u32::MAX,
-                seed: value,
-            },
-        );
-        let mut done = Entry {
-            state: DONE,
+        let begun = Entry {
+            state: BEGUN,
             op,
             ty: t as u32,
             slot,
             slot2: u32::MAX,
             seed: value,
         };
-        match op {
-            INSERT => {
-                let id = b.insert(ty, &data(value, size), Some(value)).unwrap();
-                items.push(id.index);
-                done.slot = id.index;
-            }
-            DELETE => {
-                b.delete(ItemId { ty, index: slot }).unwrap();
-                items.retain(|&s| s != slot);
-            }
-            UPDATE => b
-                .update(ItemId { ty, index: slot }, &data(value, size))
-                .unwrap(),
-            _ => {
-                let (d1, d2) = (data(value, size), data(value ^ 1, size));
-                let ids = b
-                    .insert_many(ty, &[&d1, &d2], Some(&[value, value ^ 1]))
-                    .unwrap();
-                items.extend(ids.iter().map(|id| id.index));
-                done.slot = ids[0].index;
-                done.slot2 = ids[1].index;
-            }
-        }
+        log_put(&mut log, i, begun);
+        let done = perform(&b, types[t], items, begun);
         log_put(&mut log, i, done);
     }
     // Ran out of log: wait to be killed.
     std::thread::sleep(Duration::from_secs(3600));
+}
+
+/// The operation for a random `choice` (0 to 3) on a type with `len` of
+/// `cap` items live: an insert when empty, never past the capacity.
+fn choose_op(choice: u64, len: usize, cap: usize) -> u32 {
+    match choice {
+        _ if len == 0 => INSERT,
+        0 if len < cap => INSERT,
+        1 => DELETE,
+        2 => UPDATE,
+        3 if len + 2 <= cap => INSERT2,
+        _ => UPDATE,
+    }
+}
+
+/// Perform the operation `begun` logs on type `ty`, keeping its live slots
+/// `items`; returns the done entry, with the slots it used.
+fn perform(b: &RecoveryBox, ty: TypeId, items: &mut Vec<u32>, begun: Entry) -> Entry {
+    let (size, _, _) = TYPES[begun.ty as usize];
+    let (slot, value) = (begun.slot, begun.seed);
+    let mut done = Entry {
+        state: DONE,
+        ..begun
+    };
+    match begun.op {
+        INSERT => {
+            let id = b.insert(ty, &data(value, size), Some(value)).unwrap();
+            items.push(id.index);
+            done.slot = id.index;
+        }
+        DELETE => {
+            b.delete(ItemId { ty, index: slot }).unwrap();
+            items.retain(|&s| s != slot);
+        }
+        UPDATE => b
+            .update(ItemId { ty, index: slot }, &data(value, size))
+            .unwrap(),
+        _ => {
+            let (d1, d2) = (data(value, size), data(value ^ 1, size));
+            let ids = b
+                .insert_many(ty, &[&d1, &d2], Some(&[value, value ^ 1]))
+                .unwrap();
+            items.extend(ids.iter().map(|id| id.index));
+            done.slot = ids[0].index;
+            done.slot2 = ids[1].index;
+        }
+    }
+    done
 }
 
 /// Per type: slot -> (app id, data).
@@ -256,70 +262,82 @@ fn is_after(model: &Model, got: &Model, e: &Entry) -> bool {
     }
 }
 
+/// A fresh box with the three types of [`TYPES`].
+fn create_box(box_path: &Path) {
+    let b = RecoveryBox::create(
+        box_path,
+        CreateOptions {
+            size_bytes: 1 << 20,
+            type_slots: 4,
+        },
+    )
+    .unwrap();
+    for (i, &(size, cap, sum)) in TYPES.iter().enumerate() {
+        b.init_type(TypeSpec::new(size, cap).app_id(i as u64).checksum(sum))
+            .unwrap();
+    }
+}
+
+/// Run a child on the box with a fresh log, SIGKILL it after a random
+/// 0.5 to 4.5 ms, and map the log it left.
+fn run_and_kill(exe: &Path, box_path: &Path, log_path: &Path, rng: u64) -> memmap2::Mmap {
+    let log = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(log_path)
+        .unwrap();
+    log.set_len((LOG_ENTRY * LOG_ENTRIES) as u64).unwrap();
+    let mut child = Command::new(exe)
+        .env("RECOBOX_CHILD", "1")
+        .env("RECOBOX_BOX", box_path)
+        .env("RECOBOX_LOG", log_path)
+        .env("RECOBOX_SEED", rng.to_string())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_micros(500 + rng % 4000));
+    child.kill().unwrap();
+    let status = child.wait().unwrap();
+    assert!(!status.success(), "child exited on its own: {status}");
+    // SAFETY: the child is dead; the log file is ours.
+    unsafe { memmap2::Mmap::map(&log) }.unwrap()
+}
+
+/// Apply the log's completed operations to the model, counting them in
+/// `ops_done`; returns the operation in flight at the kill, if any.
+fn replay(log: &[u8], model: &mut Model, ops_done: &mut u64) -> Option<Entry> {
+    for i in 0..LOG_ENTRIES {
+        let e = log_get(log, i);
+        match e.state {
+            DONE => {
+                apply(model, &e);
+                *ops_done += 1;
+            }
+            BEGUN => return Some(e),
+            _ => break,
+        }
+    }
+    None
+}
+
 fn parent(kills: u32) {
     let dir = tempfile::tempdir().unwrap();
     let box_path = dir.path().join("box");
     let log_path = dir.path().join("log");
-    {
-        let b = RecoveryBox::create(
-            &box_path,
-            CreateOptions {
-                size_bytes: 1 << 20,
-                type_slots: 4,
-            },
-        )
-        .unwrap();
-        for (i, &(size, cap, sum)) in TYPES.iter().enumerate() {
-            b.init_type(TypeSpec::new(size, cap).app_id(i as u64).checksum(sum))
-                .unwrap();
-        }
-    }
+    create_box(&box_path);
     let mut model: Model = vec![BTreeMap::new(); TYPES.len()];
     let exe = std::env::current_exe().unwrap();
     let started = Instant::now();
     let (mut ops_done, mut in_flight_landed, mut rolled_back) = (0u64, 0u64, 0u64);
     let mut rng = 0xfeed_beef_u64;
     for kill in 0..kills {
-        let log = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&log_path)
-            .unwrap();
-        log.set_len((LOG_ENTRY * LOG_ENTRIES) as u64).unwrap();
         rng ^= rng << 13;
         rng ^= rng >> 7;
         rng ^= rng << 17;
-        let mut child = Command::new(&exe)
-            .env("RECOBOX_CHILD", "1")
-            .env("RECOBOX_BOX", &box_path)
-            .env("RECOBOX_LOG", &log_path)
-            .env("RECOBOX_SEED", rng.to_string())
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        std::thread::sleep(Duration::from_micros(500 + rng % 4000));
-        child.kill().unwrap();
-        let status = child.wait().unwrap();
-        assert!(!status.success(), "child exited on its own: {status}");
-        // SAFETY: the child is dead; the log file is ours.
-        let log = unsafe { memmap2::Mmap::map(&log) }.unwrap();
-        let mut in_flight = None;
-        for i in 0..LOG_ENTRIES {
-            let e = log_get(&log, i);
-            match e.state {
-                DONE => {
-                    apply(&mut model, &e);
-                    ops_done += 1;
-                }
-                BEGUN => {
-                    in_flight = Some(e);
-                    break;
-                }
-                _ => break,
-            }
-        }
+        let log = run_and_kill(&exe, &box_path, &log_path, rng);
+        let in_flight = replay(&log, &mut model, &mut ops_done);
         let b = RecoveryBox::open(&box_path)
             .unwrap_or_else(|e| panic!("kill {kill}: box not trusted after SIGKILL: {e}"));
         rolled_back += u64::from(b.open_report().rolled_back);
