@@ -362,75 +362,11 @@ struct Window {
 #[test]
 fn recovering_group_never_dispatches() {
     for reactive in [true, false] {
-        let mut b = Runtime::builder();
-        b.workers(2).policy(Policy::Dynamic).reactive(reactive);
-        let starts = Arc::new(AtomicU64::new(0));
-        let live = Arc::new(AtomicU64::new(0));
-        let other_done = Arc::new(AtomicU64::new(0));
-        let window: Arc<Mutex<Option<Window>>> = Arc::default();
-        let (s, l, o, w) = (
-            Arc::clone(&starts),
-            Arc::clone(&live),
-            Arc::clone(&other_done),
-            Arc::clone(&window),
-        );
-        let a = b.group(GroupSpec::new("a").sigma(2).recovery_handler(move |_| {
-            let running_at_start = l.load(Ordering::SeqCst);
-            let (s0, o0) = (s.load(Ordering::SeqCst), o.load(Ordering::SeqCst));
-            std::thread::sleep(Duration::from_millis(60));
-            let (s1, o1) = (s.load(Ordering::SeqCst), o.load(Ordering::SeqCst));
-            *w.lock().unwrap() = Some(Window {
-                running_at_start,
-                starts: (s0, s1),
-                other_done: (o0, o1),
-            });
-            Ok(())
-        }));
-        let other = b.group(GroupSpec::new("other").sigma(2));
-        let rt = b.build().unwrap();
-        let h = rt.handle();
-        let stop = Arc::new(AtomicBool::new(false));
-        let feeder = {
-            let (h, starts, live, other_done, stop) = (
-                h.clone(),
-                Arc::clone(&starts),
-                Arc::clone(&live),
-                Arc::clone(&other_done),
-                Arc::clone(&stop),
-            );
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::SeqCst) {
-                    let (s, l) = (Arc::clone(&starts), Arc::clone(&live));
-                    let _ = h.submit(a, Priority::Medium, move |_| {
-                        s.fetch_add(1, Ordering::SeqCst);
-                        l.fetch_add(1, Ordering::SeqCst);
-                        spin_for(Duration::from_micros(30));
-                        l.fetch_sub(1, Ordering::SeqCst);
-                        Ok(())
-                    });
-                    let o = Arc::clone(&other_done);
-                    let _ = h.submit(other, Priority::Medium, move |_| {
-                        spin_for(Duration::from_micros(30));
-                        o.fetch_add(1, Ordering::SeqCst);
-                        Ok(())
-                    });
-                    std::thread::sleep(Duration::from_micros(100));
-                }
-            })
-        };
-        std::thread::sleep(Duration::from_millis(20));
-        h.submit(a, Priority::High, |_| {
-            Err(Failure::internal_logic("bad LRC"))
-        })
-        .unwrap();
-        assert!(wait_until(LONG, || window.lock().unwrap().is_some()));
-        stop.store(true, Ordering::SeqCst);
-        feeder.join().unwrap();
         let Window {
             running_at_start: running,
             starts: (s0, s1),
             other_done: (o0, o1),
-        } = window.lock().unwrap().unwrap();
+        } = recovery_window(reactive);
         if reactive {
             assert_eq!(running, 0, "running tasks drained before the handler");
             assert_eq!(s1, s0, "{} tasks of the recovering group started", s1 - s0);
@@ -441,8 +377,81 @@ fn recovering_group_never_dispatches() {
             );
         }
         assert!(o1 > o0, "the other group kept running during the recovery");
-        drop(rt);
     }
+}
+
+/// The scenario of [`recovering_group_never_dispatches`]: a feeder keeps
+/// submitting short tasks to groups "a" and "other"; one task of "a" fails,
+/// and "a"'s recovery handler records what started and finished during its
+/// 60 ms.
+fn recovery_window(reactive: bool) -> Window {
+    let mut b = Runtime::builder();
+    b.workers(2).policy(Policy::Dynamic).reactive(reactive);
+    let starts = Arc::new(AtomicU64::new(0));
+    let live = Arc::new(AtomicU64::new(0));
+    let other_done = Arc::new(AtomicU64::new(0));
+    let window: Arc<Mutex<Option<Window>>> = Arc::default();
+    let (s, l, o, w) = (
+        Arc::clone(&starts),
+        Arc::clone(&live),
+        Arc::clone(&other_done),
+        Arc::clone(&window),
+    );
+    let a = b.group(GroupSpec::new("a").sigma(2).recovery_handler(move |_| {
+        let running_at_start = l.load(Ordering::SeqCst);
+        let (s0, o0) = (s.load(Ordering::SeqCst), o.load(Ordering::SeqCst));
+        std::thread::sleep(Duration::from_millis(60));
+        let (s1, o1) = (s.load(Ordering::SeqCst), o.load(Ordering::SeqCst));
+        *w.lock().unwrap() = Some(Window {
+            running_at_start,
+            starts: (s0, s1),
+            other_done: (o0, o1),
+        });
+        Ok(())
+    }));
+    let other = b.group(GroupSpec::new("other").sigma(2));
+    let rt = b.build().unwrap();
+    let h = rt.handle();
+    let stop = Arc::new(AtomicBool::new(false));
+    let feeder = {
+        let (h, starts, live, other_done, stop) = (
+            h.clone(),
+            Arc::clone(&starts),
+            Arc::clone(&live),
+            Arc::clone(&other_done),
+            Arc::clone(&stop),
+        );
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                let (s, l) = (Arc::clone(&starts), Arc::clone(&live));
+                let _ = h.submit(a, Priority::Medium, move |_| {
+                    s.fetch_add(1, Ordering::SeqCst);
+                    l.fetch_add(1, Ordering::SeqCst);
+                    spin_for(Duration::from_micros(30));
+                    l.fetch_sub(1, Ordering::SeqCst);
+                    Ok(())
+                });
+                let o = Arc::clone(&other_done);
+                let _ = h.submit(other, Priority::Medium, move |_| {
+                    spin_for(Duration::from_micros(30));
+                    o.fetch_add(1, Ordering::SeqCst);
+                    Ok(())
+                });
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(20));
+    h.submit(a, Priority::High, |_| {
+        Err(Failure::internal_logic("bad LRC"))
+    })
+    .unwrap();
+    assert!(wait_until(LONG, || window.lock().unwrap().is_some()));
+    stop.store(true, Ordering::SeqCst);
+    feeder.join().unwrap();
+    let seen = window.lock().unwrap().unwrap();
+    drop(rt);
+    seen
 }
 
 /// Running tasks of a recovering group are told (the cooperative check) and
