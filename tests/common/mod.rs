@@ -5,29 +5,28 @@
 
 pub mod raw;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::process::{Command, ExitStatus, Output};
 use std::time::{Duration, Instant};
+
+use experiments::harness::{self, ServeCommand, ServerFiles};
 
 /// A `rebound serve` process with its own data directory and NVS.
 pub struct Server {
-    child: Option<Child>,
+    proc: Option<harness::Server>,
+    cmd: ServeCommand,
+    files: ServerFiles,
     pub addr: String,
     pub dir: tempfile::TempDir,
     pub nvs: PathBuf,
     pub rbox: PathBuf,
-    args: Vec<String>,
     pub stderr_log: PathBuf,
 }
 
 /// A TCP port free right now on 127.0.0.1 (for servers that must come
 /// back on the same port).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("binding a probe socket")
-        .port()
+    harness::free_port().expect("binding a probe socket")
 }
 
 /// Path of a client binary, or a panic telling how to get it.
@@ -45,41 +44,29 @@ impl Server {
     /// Start a server with a volume of `volume` (e.g. "256M") and extra flags.
     pub fn start(volume: &str, extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        let nvs = PathBuf::from(format!(
-            "/dev/shm/rebound-test-{}-{}.nvs",
-            std::process::id(),
-            dir.path().file_name().unwrap().to_string_lossy()
-        ));
-        let rbox = nvs.with_extension("box");
-        let mut args: Vec<String> = vec!["serve".into()];
+        let files = ServerFiles::nvs_in_shm(dir.path(), "rebound-test");
+        let stderr_log = dir.path().join("server.log");
+        let mut cmd = ServeCommand::new(env!("CARGO_BIN_EXE_rebound"), &files)
+            .log_to(&stderr_log)
+            .ready_within(Duration::from_secs(30));
         if !extra.contains(&"--listen") {
-            args.extend(["--listen".into(), "127.0.0.1:0".into()]);
+            cmd = cmd.flag("--listen", "127.0.0.1:0");
         }
-        args.extend([
-            "--data-dir".into(),
-            dir.path().join("data").to_string_lossy().into_owned(),
-            "--nvs".into(),
-            nvs.to_string_lossy().into_owned(),
-            "--box".into(),
-            rbox.to_string_lossy().into_owned(),
-            "--volume-size".into(),
-            volume.into(),
-        ]);
+        cmd = cmd.flag("--volume-size", volume);
         // Small defaults keep start-up fast; a test's own flags win.
         for (flag, value) in [("--nvs-size", "96M"), ("--cache-size", "16M")] {
             if !extra.contains(&flag) {
-                args.extend([flag.to_owned(), value.to_owned()]);
+                cmd = cmd.flag(flag, value);
             }
         }
-        args.extend(extra.iter().map(|s| (*s).to_owned()));
-        let stderr_log = dir.path().join("server.log");
         let mut s = Self {
-            child: None,
+            proc: None,
+            cmd: cmd.args(extra.iter().copied()),
+            nvs: files.nvs.clone(),
+            rbox: files.rbox.clone(),
+            files,
             addr: String::new(),
             dir,
-            nvs,
-            rbox,
-            args,
             stderr_log,
         };
         s.launch();
@@ -87,47 +74,14 @@ impl Server {
     }
 
     fn launch(&mut self) {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_rebound"))
-            .args(&self.args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawning rebound serve");
-        let stderr = child.stderr.take().expect("piped stderr");
-        let (tx, rx) = std::sync::mpsc::channel();
-        let log = self.stderr_log.clone();
-        std::thread::spawn(move || {
-            use std::io::Write;
-            let mut file = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(log)
-                .ok();
-            let mut sent = false;
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(f) = file.as_mut() {
-                    let _ = writeln!(f, "{line}");
-                }
-                if !sent && let Some(rest) = line.split("on nbd://").nth(1) {
-                    let addr = rest.split('/').next().unwrap_or_default().to_owned();
-                    let _ = tx.send(addr);
-                    sent = true;
-                }
-            }
-        });
-        let addr = rx
-            .recv_timeout(Duration::from_secs(30))
-            .unwrap_or_else(|_| {
-                let log = std::fs::read_to_string(&self.stderr_log).unwrap_or_default();
-                panic!("rebound serve did not start; its stderr:\n{log}")
-            });
-        self.addr = addr;
-        self.child = Some(child);
+        let proc = self.cmd.start().unwrap_or_else(|e| panic!("{e:#}"));
+        self.addr = proc.addr().to_owned();
+        self.proc = Some(proc);
     }
 
     /// The admin socket (the default under the data directory).
     pub fn admin_path(&self) -> PathBuf {
-        self.dir.path().join("data").join("admin.sock")
+        self.files.admin_socket()
     }
 
     /// Send a request to the admin socket: the answer, or the refusal.
@@ -147,46 +101,33 @@ impl Server {
 
     /// SIGTERM and wait (clean shutdown); the exit status.
     pub fn stop(&mut self) -> ExitStatus {
-        let mut child = self.child.take().expect("server running");
-        let pid = child.id() as i32;
-        // SAFETY: kill(2) with a pid we spawned and own; no memory involved.
-        let rc = unsafe { libc::kill(pid, libc::SIGTERM) };
-        assert_eq!(rc, 0, "kill(SIGTERM) failed");
-        wait_timeout(&mut child, Duration::from_secs(60))
-            .expect("server did not stop after SIGTERM")
+        let proc = self.proc.take().expect("server running");
+        proc.stop().unwrap_or_else(|e| panic!("{e:#}"))
     }
 
     /// SIGKILL (a crash) and reap.
     pub fn kill9(&mut self) {
-        let mut child = self.child.take().expect("server running");
-        let _ = child.kill();
-        let _ = child.wait();
+        self.proc.take().expect("server running").kill9();
     }
 
     /// Start again with the same data directory, NVS and flags.
     pub fn restart(&mut self) {
-        assert!(self.child.is_none(), "stop or kill first");
+        assert!(self.proc.is_none(), "stop or kill first");
         self.launch();
     }
 
     /// Change a flag's value for the next start (added if absent).
     #[allow(dead_code)]
     pub fn set_flag(&mut self, flag: &str, value: &str) {
-        match self.args.iter().position(|a| a == flag) {
-            Some(i) => self.args[i + 1] = value.to_owned(),
-            None => self.args.extend([flag.to_owned(), value.to_owned()]),
-        }
+        self.cmd.set_flag(flag, value);
     }
 
     /// Run `rebound serve` with this server's flags, expecting it to exit
     /// (a refused start): whether it succeeded, and its stderr.
     #[allow(dead_code)]
     pub fn start_refused(&self) -> (bool, String) {
-        assert!(self.child.is_none(), "stop or kill first");
-        let out = Command::new(env!("CARGO_BIN_EXE_rebound"))
-            .args(&self.args)
-            .output()
-            .expect("running rebound serve");
+        assert!(self.proc.is_none(), "stop or kill first");
+        let out = self.cmd.run_to_exit().expect("running rebound serve");
         (
             out.status.success(),
             String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -195,9 +136,7 @@ impl Server {
 
     /// Whether the process is still alive.
     pub fn alive(&mut self) -> bool {
-        self.child
-            .as_mut()
-            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
+        self.proc.as_mut().is_some_and(harness::Server::alive)
     }
 
     /// The start-up banner of the current process (its last "serving" line).
@@ -218,37 +157,16 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        let _ = std::fs::remove_file(&self.nvs);
-        let _ = std::fs::remove_file(&self.rbox);
-    }
-}
-
-fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Ok(Some(status)) = child.try_wait() {
-            return Some(status);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
+        // harness::Server kills and reaps a running process when dropped.
+        drop(self.proc.take());
+        self.files.remove_nvs_and_box();
     }
 }
 
 /// The count of recoveries at `rung` (its name: task, group, system, ...)
 /// in a `rebound status` answer.
 pub fn rung_count(status: &str, rung: &str) -> u64 {
-    status
-        .lines()
-        .find(|l| l.split_whitespace().nth(1) == Some(rung))
-        .and_then(|l| l.split_whitespace().nth(2))
-        .and_then(|n| n.parse().ok())
+    harness::rung_count(status, rung)
         .unwrap_or_else(|| panic!("no count for rung {rung} in status:\n{status}"))
 }
 
@@ -327,17 +245,10 @@ pub fn wait_status(
 
 /// `GET /metrics` from a server's Prometheus endpoint (`--metrics ADDR`).
 pub fn scrape(addr: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    text
+    harness::scrape_metrics(addr).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// The value of the sample `name` (with its labels) in exposition `text`.
 pub fn sample(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("no sample {name} in:\n{text}"))
+    harness::metric_sample(text, name).unwrap_or_else(|_| panic!("no sample {name} in:\n{text}"))
 }

@@ -20,7 +20,6 @@
 //! for one request, and the acknowledged writes lost (read back at the end:
 //! it must be 0).
 
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -29,6 +28,7 @@ use anyhow::Context;
 use clap::Args;
 use parking_lot::Mutex;
 
+use crate::harness::{ServeCommand, ServerFiles};
 use crate::nbd_client::NbdClient;
 use crate::report::{Table, thousands};
 
@@ -148,17 +148,10 @@ fn verify(addr: &str, load: &Load) -> anyhow::Result<u64> {
     Ok(lost)
 }
 
-fn admin(path: &std::path::Path, request: &str) -> anyhow::Result<String> {
-    controller::admin::request(path, request).map_err(anyhow::Error::msg)
-}
-
+/// The recoveries `status` counts at `rung`; 0 when it has no count (a
+/// status lost with a crash).
 fn rung_count(status: &str, rung: &str) -> u64 {
-    status
-        .lines()
-        .find(|l| l.split_whitespace().nth(1) == Some(rung))
-        .and_then(|l| l.split_whitespace().nth(2))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
+    crate::harness::rung_count(status, rung).unwrap_or(0)
 }
 
 /// Run the demo.
@@ -166,35 +159,21 @@ pub fn run(args: DemoArgs) -> anyhow::Result<std::process::ExitCode> {
     let dir = crate::harness::scratch_dir()?;
     let port = crate::harness::free_port()?;
     let addr = format!("127.0.0.1:{port}");
-    let data = dir.path().join("data");
-    let admin_path = data.join("admin.sock");
-    let log = std::fs::File::create(dir.path().join("server.log"))?;
-    let mut server: Child = Command::new(std::env::current_exe()?)
-        .args(["serve", "--supervise", "--listen", &addr, "--data-dir"])
-        .arg(&data)
-        .arg("--nvs")
-        .arg(dir.path().join("nvs"))
-        .arg("--box")
-        .arg(dir.path().join("box"))
-        .args([
-            "--volume-size",
-            "256M",
-            "--nvs-size",
-            "96M",
-            "--cache-size",
-            "8M",
-            "--output-commit",
-            "buffering",
-            "--devices",
-            "3",
-            "--raid",
-            "parity",
-        ])
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
+    let files = ServerFiles::under(dir.path());
+    let admin_path = files.admin_socket();
+    let server = ServeCommand::new(std::env::current_exe()?, &files)
+        .args(["--supervise"])
+        .flag("--listen", &addr)
+        .flag("--volume-size", "256M")
+        .flag("--nvs-size", "96M")
+        .flag("--cache-size", "8M")
+        .flag("--output-commit", "buffering")
+        .flag("--devices", "3")
+        .flag("--raid", "parity")
+        .log_to(dir.path().join("server.log"))
+        .ready_within(Duration::from_secs(30))
+        .start()
         .context("starting rebound serve --supervise")?;
-    crate::harness::wait_ready(&admin_path, Duration::from_secs(30))?;
     println!(
         "rebound demo: server (supervised) on nbd://{addr}/, admin {}",
         admin_path.display()
@@ -279,7 +258,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<std::process::ExitCode> {
         for (i, p) in phases.iter().enumerate() {
             if p.at == second - 1 {
                 if p.rung.starts_with('5') {
-                    counted_before_crash = admin(&admin_path, "status").unwrap_or_default();
+                    counted_before_crash = server.admin("status").unwrap_or_default();
                 }
                 if let Some(c) = current.take() {
                     rows.push((
@@ -291,7 +270,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<std::process::ExitCode> {
                 load.longest_us.store(0, Ordering::Relaxed);
                 for r in p.requests {
                     // A crash request may lose its answer with the process.
-                    let _ = admin(&admin_path, r);
+                    let _ = server.admin(r);
                 }
                 if !p.rung.is_empty() {
                     current = Some(i);
@@ -321,7 +300,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<std::process::ExitCode> {
         .join()
         .map_err(|_| anyhow::anyhow!("the client thread panicked"))?;
     let lost = verify(&addr, &load)?;
-    let after = admin(&admin_path, "status").unwrap_or_default();
+    let after = server.admin("status").unwrap_or_default();
 
     let mut table = Table::new(&[
         "rung",
@@ -363,11 +342,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<std::process::ExitCode> {
         thousands(load.ops.load(Ordering::Relaxed) as f64),
         load.bad_reads.load(Ordering::Relaxed)
     );
-    // SAFETY: kill(2) on our own child's pid; no memory involved.
-    unsafe {
-        libc::kill(server.id() as libc::pid_t, libc::SIGTERM);
-    }
-    let _ = server.wait();
+    server.stop()?;
     if args.keep {
         let kept = dir.keep();
         println!("scratch directory kept: {} (server.log)", kept.display());

@@ -33,7 +33,7 @@ use anyhow::Context;
 use clap::Args;
 
 use super::CommonArgs;
-use crate::harness::{NVS_SIZE, ServerProc};
+use super::{NVS_SIZE, experiment_server};
 use crate::report::{Table, line_chart_png, thousands};
 
 /// Options of `rebound bench availability`.
@@ -179,7 +179,7 @@ fn injected_case(
 ) -> anyhow::Result<CaseResult> {
     let dir = work.join(name.replace(' ', "-"));
     std::fs::create_dir_all(&dir)?;
-    let (server, _, _) = ServerProc::start(&dir, port)?;
+    let server = experiment_server(&dir, port)?.start()?;
     let prefix = dir.join("fio");
     let mut load = fio(port, t.before + t.window + t.after, &prefix)?;
     std::thread::sleep(t.before);
@@ -193,7 +193,7 @@ fn injected_case(
     let status = load.wait().context("waiting for fio")?;
     anyhow::ensure!(status.success(), "fio failed during {name} ({status})");
     let log = server.admin("status")?;
-    server.stop();
+    server.stop()?;
     let fault_at = t.before.as_secs_f64();
     let series: Vec<(f64, f64)> = iops_series(&prefix)?
         .into_iter()
@@ -241,7 +241,7 @@ fn kill_case(
 ) -> anyhow::Result<CaseResult> {
     let dir = work.join(name.replace(' ', "-"));
     std::fs::create_dir_all(&dir)?;
-    let (mut server, _, _) = ServerProc::start(&dir, port)?;
+    let server = experiment_server(&dir, port)?.start()?;
     let before = dir.join("fio-before");
     let mut load = fio(port, t.before * 4, &before)?;
     std::thread::sleep(t.before);
@@ -251,7 +251,8 @@ fn kill_case(
     if damage_box {
         std::fs::remove_file(dir.join("box")).context("deleting the recovery box")?;
     }
-    let (server, ready, banner) = ServerProc::start(&dir, port)?;
+    let server = experiment_server(&dir, port)?.start()?;
+    let (ready, banner) = (server.ready_after(), server.banner().to_owned());
     let restart = killed.elapsed();
     eprintln!("{name}: killed and reaped in {reaped:?}; new process ready in {ready:?}; {banner}");
     let _ = load.wait();
@@ -260,7 +261,7 @@ fn kill_case(
     let mut load = fio(port, t.after, &after)?;
     let status = load.wait().context("waiting for fio")?;
     anyhow::ensure!(status.success(), "fio after the restart failed ({status})");
-    server.stop();
+    server.stop()?;
     let good_series = iops_series(&before).unwrap_or_default();
     let fault_at = t.before.as_secs_f64();
     let mut series: Vec<(f64, f64)> = good_series

@@ -33,7 +33,6 @@
 //! faults.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -113,45 +112,19 @@ fn one(
     port: u16,
 ) -> anyhow::Result<Sample> {
     let dir = tempfile::tempdir_in(work)?;
-    let exe = std::env::current_exe()?;
     let metrics = format!("127.0.0.1:{}", crate::harness::free_port()?);
-    let mut child = Command::new(exe)
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--metrics",
-            &metrics,
-            "--data-dir",
-        ])
-        .arg(dir.path().join("data"))
-        .arg("--nvs")
-        .arg(dir.path().join("nvs"))
-        .arg("--box")
-        .arg(dir.path().join("box"))
-        .args([
-            "--volume-size",
-            "1G",
-            "--nvs-size",
-            "256M",
-            "--cache-size",
-            "256M",
-        ])
-        .args(["--policy", policy])
-        .args(["--workers", &shape.workers.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting rebound serve")?;
-    let admin = dir.path().join("data").join("admin.sock");
+    let server = super::experiment_server(dir.path(), port)?
+        .flag("--metrics", &metrics)
+        .flag("--cache-size", "256M")
+        .flag("--policy", policy)
+        .flag("--workers", shape.workers.to_string())
+        .ready_within(Duration::from_secs(30))
+        .start()?;
     let result = (|| {
-        crate::harness::wait_ready(&admin, Duration::from_secs(30))?;
         if let Some(group) = faulted {
-            controller::admin::request(
-                &admin,
-                &format!("inject group-fault {group} rate=0.0001 duration={RECOVERY_MS}ms"),
-            )
-            .map_err(anyhow::Error::msg)?;
+            server.admin(&format!(
+                "inject group-fault {group} rate=0.0001 duration={RECOVERY_MS}ms"
+            ))?;
         }
         let r = super::fio::fio(port, "cache-standard", runtime, (32, shape.connections))?;
         let mut sample = Sample {
@@ -175,11 +148,7 @@ fn one(
         }
         Ok(sample)
     })();
-    // SAFETY: kill(2) on our own child's pid; no memory involved.
-    unsafe {
-        libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
-    }
-    let _ = child.wait();
+    server.stop()?;
     result
 }
 

@@ -36,7 +36,6 @@ use clap::Args;
 use loglock::{Actor, RecoveryCriterion, Requirement, TrackedMutex};
 
 use super::CommonArgs;
-use crate::harness::ServerProc;
 use crate::report::{BarPanel, Table, bar_chart_png, progress, thousands};
 
 /// Options of `rebound bench loglock`.
@@ -345,11 +344,11 @@ struct ControllerCase {
 fn controller_case(seconds: u32) -> anyhow::Result<ControllerCase> {
     let work = crate::harness::scratch_dir()?;
     let port = crate::harness::free_port()?;
-    let (server, _, _) = ServerProc::start(work.path(), port)?;
+    let server = super::experiment_server(work.path(), port)?.start()?;
     server.admin("inject panic cache.apply.track rate=0.01 count=unlimited")?;
     let run = super::badpath::fio_run(port, seconds);
     let status = server.admin("status");
-    server.stop();
+    server.stop()?;
     let (iops, _) = run?;
     let status = status?;
     let line = status

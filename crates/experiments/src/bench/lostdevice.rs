@@ -25,7 +25,6 @@ use clap::Args;
 
 use super::CommonArgs;
 use super::availability::{fio, iops_series, mean};
-use crate::harness::ServerProc;
 use crate::report::{Table, line_chart_png, thousands};
 
 /// Options of `rebound bench lost-device`.
@@ -72,7 +71,7 @@ fn run_case(case: Case, work: &Path, port: u16, quick: bool) -> anyhow::Result<O
     if let Some(rate) = case.rebuild_rate {
         extra.extend(["--rebuild-rate".to_owned(), rate.to_string()]);
     }
-    let (server, _, _) = ServerProc::start_with(&dir, port, &extra)?;
+    let server = super::experiment_server(&dir, port)?.args(extra).start()?;
     // fio warms the cache and fills the NVS first; the good path is the
     // `measure` before the loss.
     let warm = Duration::from_millis(if quick { 2000 } else { 5000 });
@@ -116,7 +115,7 @@ fn run_case(case: Case, work: &Path, port: u16, quick: bool) -> anyhow::Result<O
         case.name
     );
     let status = server.admin("status")?;
-    server.stop();
+    server.stop()?;
     let t0 = before.as_secs_f64();
     let series: Vec<(f64, f64)> = iops_series(&prefix)?
         .into_iter()

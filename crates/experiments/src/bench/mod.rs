@@ -7,6 +7,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 
+use crate::harness::{ServeCommand, ServerFiles};
+
 mod availability;
 mod badpath;
 mod controller;
@@ -57,6 +59,20 @@ pub struct CommonArgs {
     /// Directory for plots and raw results.
     #[arg(long, default_value = "bench/out")]
     pub out: PathBuf,
+}
+
+/// NVS size of the experiments' servers.
+pub(crate) const NVS_SIZE: &str = "256M";
+
+/// The experiments' server, from this binary: a 1 GiB volume (NVS
+/// [`NVS_SIZE`], 128 MiB cache) with its files under `dir`, on `port`.
+fn experiment_server(dir: &Path, port: u16) -> anyhow::Result<ServeCommand> {
+    let exe = std::env::current_exe().context("locating this binary")?;
+    Ok(ServeCommand::new(exe, &ServerFiles::under(dir))
+        .flag("--listen", format!("127.0.0.1:{port}"))
+        .flag("--volume-size", "1G")
+        .flag("--nvs-size", NVS_SIZE)
+        .flag("--cache-size", "128M"))
 }
 
 /// A file the experiments need from the repository (`bench/controller.sh`,

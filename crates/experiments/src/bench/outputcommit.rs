@@ -26,8 +26,8 @@ use anyhow::Context;
 use clap::Args;
 
 use super::CommonArgs;
+use super::experiment_server;
 use super::fio::{Fio, fio};
-use crate::harness::ServerProc;
 use crate::report::{Table, line_chart_png, thousands};
 
 /// Options of `rebound bench output-commit`.
@@ -111,7 +111,9 @@ fn rollbacks(
     port: u16,
 ) -> anyhow::Result<Vec<RollbackTimes>> {
     let dir = tempfile::tempdir_in(work)?;
-    let (server, _, _) = ServerProc::start_with(dir.path(), port, &serve_flags(scheme, 20))?;
+    let server = experiment_server(dir.path(), port)?
+        .args(serve_flags(scheme, 20))
+        .start()?;
     let runtime = (count / 2 + 2).max(2);
     let load = std::thread::spawn(move || fio(port, "cache-standard", runtime, depth));
     std::thread::sleep(Duration::from_millis(700));
@@ -131,7 +133,7 @@ fn rollbacks(
     }
     let fio = load.join().expect("fio thread")?;
     anyhow::ensure!(fio.iops > 0.0, "no I/O during the rollbacks");
-    server.stop();
+    server.stop()?;
     Ok(out)
 }
 
@@ -172,10 +174,10 @@ fn measure<'a>(
             } else {
                 serve_flags(scheme, t)
             };
-            let (server, _, _) = ServerProc::start_with(dir.path(), port, &flags)?;
+            let server = experiment_server(dir.path(), port)?.args(flags).start()?;
             let mixed = fio(port, "cache-standard", runtime, depth)?;
             let write = fio(port, "write", runtime, depth)?;
-            server.stop();
+            server.stop()?;
             cells.push((scheme, t, [mixed, write]));
             bar.inc(1);
         }
