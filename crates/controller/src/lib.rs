@@ -78,6 +78,9 @@ pub use units::{parse_duration, parse_size};
 
 // The paths the `rebound` binary and the experiments use, kept while they
 // move to the layered ones.
+#[cfg(test)]
+mod tests;
+
 pub use backend::raid;
 pub use control::{admin, http};
 pub use store::nvs;

@@ -59,6 +59,12 @@ const LAYERS: &[Layer] = &[
         rank: 6,
         modules: &["control"],
     },
+    // In-process tests that open a whole controller: above everything.
+    Layer {
+        name: "tests",
+        rank: 7,
+        modules: &["tests"],
+    },
 ];
 
 fn layer_of(module: &str) -> Option<&'static Layer> {

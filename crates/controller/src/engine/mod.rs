@@ -16,6 +16,7 @@
 //! | module | concept |
 //! |---|---|
 //! | [`state`] | [`Engine`]: the shared state every stage, destage and recovery needs |
+//! | [`admission`] | a framed request takes a control block and NVS space, enters the pipeline |
 //! | [`reply`] | [`ReplySink`]: how a finished request reaches its connection |
 //! | [`datapath`] | the I/O path as tasks, stage by stage |
 //! | [`request`] | a request in flight; its clean-up block decides rung 1 redrives |
@@ -26,6 +27,7 @@
 //! | [`system`] | rung 4: quiesce, rebuild, redrive, in process |
 //! | [`inject`] | arming a [`Fault`](crate::faults::Fault) on a running engine |
 
+pub mod admission;
 pub mod ctlblock;
 pub mod datapath;
 pub mod destage;

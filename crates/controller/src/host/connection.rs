@@ -36,17 +36,14 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::controller::Controller;
-use crate::engine::ReplySink;
-use crate::engine::ctlblock::Exhausted;
-use crate::engine::datapath;
 use crate::engine::request::Request;
+use crate::engine::{ReplySink, admission};
 use crate::limits::{
     CONNECTION_READ_BUFFER_BYTES, DISCARD_PAYLOAD_MAX, HANDSHAKE_TIMEOUT_SECS,
     INFLIGHT_PER_CONNECTION_MAX, MAX_PAYLOAD_BYTES, TRACK_BYTES,
 };
 use crate::nbd::handshake::{self, HandshakeError, Outcome};
 use crate::nbd::proto::{self, NbdError, REQUEST_BYTES, RequestHeader, chunk, cmd};
-use crate::recovery::Rung;
 
 struct Frame {
     head: Vec<u8>,
@@ -320,7 +317,7 @@ fn read_loop(conn: &Arc<Connection>, input: &Mutex<Input<'_>>) -> Result<(), Vio
                 Err(v) => return Err(v),
             }
         };
-        admit(ctl, req, slots, affiliate.as_mut());
+        admission::admit(ctl.engine(), req, slots, affiliate.as_mut());
     }
 }
 
@@ -361,90 +358,6 @@ fn next_request(
         }
     }
     Ok(Some((req, slots)))
-}
-
-/// Take a control block for `req`, reserve `slots` NVS slots for it and
-/// enter it in the pipeline, inside the admission gate (wait for a block or
-/// NVS space outside it); then start it, outside the gate: its first stages
-/// may run on this thread (`affiliate`), and a recovery that closes the
-/// gate meanwhile finds it counted and parks it at its next stage.
-fn admit(
-    ctl: &Arc<Controller>,
-    mut req: Box<Request>,
-    slots: u32,
-    affiliate: Option<&mut rcs::Affiliate>,
-) {
-    take_block(ctl, &mut req);
-    loop {
-        let admission = ctl.system.admission();
-        if slots > 0 {
-            match ctl.nvs.reserve(slots, Duration::from_millis(10)) {
-                Ok(reserved) => req.slots = reserved,
-                Err(crate::store::nvs::NvsError::Timeout(_)) => {
-                    drop(admission);
-                    crate::engine::destage::kick(ctl.engine());
-                    continue;
-                }
-                Err(_) => {
-                    req.early_error = Some((NbdError::Shutdown, "the server is shutting down"));
-                }
-            }
-        }
-        datapath::enter(&mut req);
-        drop(admission);
-        datapath::start(req, affiliate);
-        return;
-    }
-}
-
-/// Take a request control block, handling exhaustion (rung 1, see
-/// [`crate::engine::ctlblock`]): reclaim leaked blocks, or wait for live requests to
-/// finish.
-fn take_block(ctl: &Arc<Controller>, req: &mut Request) {
-    let Some(alive) = req.alive.clone() else {
-        return;
-    };
-    let mut waits = 0u32;
-    let started = std::time::Instant::now();
-    loop {
-        match ctl.blocks.acquire(&alive) {
-            Ok(block) => {
-                if waits > 0 {
-                    ctl.recoveries.record(
-                        Rung::Task,
-                        format!(
-                            "control blocks exhausted ({} in use by live requests): admission waited",
-                            ctl.blocks.capacity()
-                        ),
-                        started.elapsed(),
-                        1,
-                    );
-                }
-                req.block = Some(block);
-                return;
-            }
-            Err(Exhausted::Reclaimed(n)) => {
-                tracing::warn!(
-                    reclaimed = n,
-                    "control blocks exhausted; leaked blocks reclaimed"
-                );
-                ctl.recoveries.record(
-                    Rung::Task,
-                    format!("control blocks exhausted: {n} leaked blocks (owners gone) reclaimed"),
-                    started.elapsed(),
-                    1,
-                );
-            }
-            Err(Exhausted::Busy) => {
-                if ctl.stopping.load(Ordering::SeqCst) {
-                    req.early_error = Some((NbdError::Shutdown, "the server is shutting down"));
-                    return;
-                }
-                std::thread::sleep(crate::backend::devqueue::backoff(waits));
-                waits += 1;
-            }
-        }
-    }
 }
 
 /// Read a WRITE's payload; the NVS slots it needs (none when it will be

@@ -1,0 +1,352 @@
+//! The engine driven in-process: a controller opened on files in a temp
+//! dir, requests admitted as a connection would admit them, replies
+//! watched through a test [`ReplySink`]. No socket, no binary: the data
+//! path, destage, epochs with rollback (rung 3) and system recovery
+//! (rung 4) are exercised directly.
+//!
+//! Fault points are process-wide (rcs's registry), so the tests that run
+//! requests take [`SERIAL`] and never overlap.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+use proptest::prelude::*;
+
+use crate::config::{Config, OutputCommit, OutputCommitSetting};
+use crate::controller::Controller;
+use crate::engine::request::Request;
+use crate::engine::{Engine, ReplySink, admission};
+use crate::faults::Fault;
+use crate::limits::TRACK_BYTES;
+use crate::nbd::proto::{NbdError, RequestHeader, cmd};
+
+/// One engine test at a time (fault points are global).
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// A reply as a client would see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Reply {
+    result: Result<(), NbdError>,
+    data: Vec<u8>,
+}
+
+/// A [`ReplySink`] that keeps every reply by cookie.
+#[derive(Debug, Default)]
+struct Recorder {
+    replies: Mutex<HashMap<u64, Reply>>,
+    arrived: Condvar,
+    unfinished: Mutex<i64>,
+}
+
+impl ReplySink for Recorder {
+    fn structured(&self) -> bool {
+        true
+    }
+
+    fn send_reply(
+        &self,
+        header: &RequestHeader,
+        result: Result<(), (NbdError, &str)>,
+        data: Vec<u8>,
+    ) {
+        let reply = Reply {
+            result: result.map_err(|(e, _)| e),
+            data,
+        };
+        let previous = self.replies.lock().insert(header.cookie, reply);
+        assert!(
+            previous.is_none(),
+            "two replies to cookie {}",
+            header.cookie
+        );
+        self.arrived.notify_all();
+    }
+
+    fn finish_request(&self) {
+        *self.unfinished.lock() -= 1;
+    }
+
+    fn cork(&self) -> bool {
+        false
+    }
+
+    fn uncork(&self) {
+        unreachable!("never corked");
+    }
+}
+
+/// A controller on a temp dir, and a client of it.
+struct Bench {
+    ctl: Arc<Controller>,
+    sink: Arc<Recorder>,
+    next_cookie: u64,
+    _dir: tempfile::TempDir,
+}
+
+impl Bench {
+    fn open(output_commit: OutputCommit) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = Config {
+            data_dir: dir.path().join("data"),
+            nvs: Some(dir.path().join("nvs")),
+            box_path: Some(dir.path().join("box")),
+            volume_size: 16 << 20,
+            nvs_size: 72 << 20,
+            cache_size: 1 << 20,
+            workers: 2,
+            output_commit: OutputCommitSetting(output_commit),
+            scrub_interval: Duration::ZERO,
+            ..Config::default()
+        };
+        let ctl = Controller::open(config).expect("opening the controller");
+        Self {
+            ctl,
+            sink: Arc::default(),
+            next_cookie: 1,
+            _dir: dir,
+        }
+    }
+
+    fn engine(&self) -> &Arc<Engine> {
+        self.ctl.engine()
+    }
+
+    /// Admit one request as a connection would, and wait for its reply.
+    fn run(&mut self, kind: u16, track: u64, tracks: u32, payload: Vec<u8>) -> Reply {
+        let cookie = self.next_cookie;
+        self.next_cookie += 1;
+        let header = RequestHeader {
+            flags: 0,
+            kind,
+            cookie,
+            offset: track * TRACK_BYTES as u64,
+            length: tracks * TRACK_BYTES as u32,
+        };
+        let sink: Arc<dyn ReplySink> = Arc::clone(&self.sink) as Arc<dyn ReplySink>;
+        let mut req = Box::new(Request::new(Arc::clone(self.engine()), sink, header));
+        let slots = if kind == cmd::WRITE { tracks } else { 0 };
+        req.payload = payload;
+        *self.sink.unfinished.lock() += 1;
+        admission::admit(self.engine(), req, slots, None);
+        let mut replies = self.sink.replies.lock();
+        loop {
+            if let Some(r) = replies.remove(&cookie) {
+                return r;
+            }
+            let waited = self
+                .sink
+                .arrived
+                .wait_for(&mut replies, Duration::from_secs(30));
+            assert!(!waited.timed_out(), "no reply to cookie {cookie} in 30 s");
+        }
+    }
+
+    /// Wait until every admitted request has finished (a request ends
+    /// just after its reply leaves).
+    fn all_finished(&self) -> bool {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while *self.sink.unfinished.lock() != 0 {
+            if std::time::Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        true
+    }
+
+    fn write(&mut self, track: u64, byte: u8) -> Reply {
+        self.run(cmd::WRITE, track, 1, vec![byte; TRACK_BYTES])
+    }
+
+    fn read(&mut self, track: u64) -> Reply {
+        self.run(cmd::READ, track, 1, Vec::new())
+    }
+
+    fn flush(&mut self) -> Reply {
+        self.run(cmd::FLUSH, 0, 0, Vec::new())
+    }
+}
+
+impl Drop for Bench {
+    fn drop(&mut self) {
+        let flushed = self.ctl.shutdown();
+        if !std::thread::panicking() {
+            flushed.expect("shutdown flushes");
+        }
+    }
+}
+
+fn ok_with(byte: u8) -> Reply {
+    Reply {
+        result: Ok(()),
+        data: vec![byte; TRACK_BYTES],
+    }
+}
+
+#[test]
+fn a_write_is_read_back_and_a_flush_puts_it_on_the_devices() {
+    let _serial = SERIAL.lock();
+    let mut b = Bench::open(OutputCommit::Off);
+    assert_eq!(b.write(3, 0xab).result, Ok(()));
+    assert_eq!(b.read(3), ok_with(0xab));
+    assert_eq!(
+        b.read(4),
+        ok_with(0),
+        "a track never written reads as zeroes"
+    );
+    assert_eq!(b.flush().result, Ok(()));
+    assert_eq!(b.engine().dirty_tracks(), 0, "FLUSH destages everything");
+    let mut on_device = vec![0u8; TRACK_BYTES];
+    b.engine().volume.read_track(3, &mut on_device).unwrap();
+    assert_eq!(on_device, vec![0xab; TRACK_BYTES]);
+    assert!(b.all_finished(), "every request finishes once");
+}
+
+#[test]
+fn requests_out_of_range_are_refused_and_change_nothing() {
+    let _serial = SERIAL.lock();
+    let mut b = Bench::open(OutputCommit::Off);
+    let tracks = b.engine().volume.tracks();
+    assert_eq!(
+        b.write(tracks, 1).result,
+        Err(NbdError::NoSpc),
+        "a write past the end"
+    );
+    assert_eq!(
+        b.read(tracks).result,
+        Err(NbdError::Inval),
+        "a read past the end"
+    );
+    assert_eq!(b.engine().dirty_tracks(), 0);
+    assert_eq!(
+        b.engine().nvs.free_slots(),
+        b.engine().nvs.slot_count(),
+        "no NVS slot kept"
+    );
+    assert!(b.all_finished());
+}
+
+#[test]
+fn a_panicking_stage_is_redriven_and_the_write_is_kept() {
+    let _serial = SERIAL.lock();
+    let mut b = Bench::open(OutputCommit::Off);
+    let fault = Fault::parse(&["panic", "nvs.write", "count=1"]).unwrap();
+    crate::engine::inject::arm(b.engine(), &fault).unwrap();
+    let before = b.engine().recoveries.count(crate::recovery::Rung::Task);
+    assert_eq!(
+        b.write(7, 0x5a).result,
+        Ok(()),
+        "redriven, then acknowledged"
+    );
+    rcs::fault::disarm_all();
+    assert!(b.engine().recoveries.count(crate::recovery::Rung::Task) > before);
+    assert_eq!(b.read(7), ok_with(0x5a));
+}
+
+#[test]
+fn system_recovery_in_process_keeps_every_acknowledged_write() {
+    let _serial = SERIAL.lock();
+    let mut b = Bench::open(OutputCommit::Off);
+    for t in 0..8 {
+        assert_eq!(b.write(t, t as u8 + 1).result, Ok(()));
+    }
+    assert_eq!(b.flush().result, Ok(()));
+    for t in 4..8 {
+        assert_eq!(b.write(t, 0xf0 + t as u8).result, Ok(()));
+    }
+    let rung4 = b.engine().recoveries.count(crate::recovery::Rung::System);
+    b.engine().system_recover("engine test").expect("rung 4");
+    assert_eq!(
+        b.engine().recoveries.count(crate::recovery::Rung::System),
+        rung4 + 1
+    );
+    for t in 0..4 {
+        assert_eq!(b.read(t), ok_with(t as u8 + 1), "destaged track {t}");
+    }
+    for t in 4..8 {
+        assert_eq!(b.read(t), ok_with(0xf0 + t as u8), "dirty track {t}");
+    }
+}
+
+#[test]
+fn a_rollback_keeps_every_acknowledged_write_under_output_commit() {
+    let _serial = SERIAL.lock();
+    let mut b = Bench::open(OutputCommit::Buffering);
+    assert_eq!(b.write(1, 0x11).result, Ok(()));
+    assert_eq!(b.write(2, 0x22).result, Ok(()));
+    let rollbacks = b
+        .engine()
+        .epochs
+        .stats()
+        .rollbacks
+        .load(std::sync::atomic::Ordering::Relaxed);
+    b.engine().rollback("engine test").expect("rung 3");
+    assert_eq!(
+        b.engine()
+            .epochs
+            .stats()
+            .rollbacks
+            .load(std::sync::atomic::Ordering::Relaxed),
+        rollbacks + 1
+    );
+    assert_eq!(b.read(1), ok_with(0x11));
+    assert_eq!(b.read(2), ok_with(0x22));
+    assert_eq!(b.write(2, 0x33).result, Ok(()));
+    assert_eq!(b.flush().result, Ok(()));
+    assert_eq!(b.read(2), ok_with(0x33));
+}
+
+/// One step of a client's life, for the property below.
+#[derive(Debug, Clone)]
+enum Step {
+    Write(u64, u8),
+    Read(u64),
+    Flush,
+    SystemRecovery,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        6 => (0u64..12, any::<u8>()).prop_map(|(t, b)| Step::Write(t, b)),
+        4 => (0u64..12).prop_map(Step::Read),
+        1 => Just(Step::Flush),
+        1 => Just(Step::SystemRecovery),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_read_returns_the_last_acknowledged_write_through_flushes_and_recoveries(
+        steps in proptest::collection::vec(step(), 1..40)
+    ) {
+        let _serial = SERIAL.lock();
+        let mut b = Bench::open(OutputCommit::Off);
+        let mut model: HashMap<u64, u8> = HashMap::new();
+        for s in steps {
+            match s {
+                Step::Write(t, byte) => {
+                    prop_assert_eq!(b.write(t, byte).result, Ok(()));
+                    model.insert(t, byte);
+                }
+                Step::Read(t) => {
+                    let want = model.get(&t).copied().unwrap_or(0);
+                    prop_assert_eq!(b.read(t), ok_with(want));
+                }
+                Step::Flush => {
+                    prop_assert_eq!(b.flush().result, Ok(()));
+                    prop_assert_eq!(b.engine().dirty_tracks(), 0);
+                }
+                Step::SystemRecovery => {
+                    b.engine().system_recover("property test").expect("rung 4");
+                }
+            }
+        }
+        for (t, byte) in model {
+            prop_assert_eq!(b.read(t), ok_with(byte));
+        }
+    }
+}
