@@ -43,6 +43,17 @@ cargo fmt --all -- --check
 step "lints (cargo clippy -D warnings)"
 cargo clippy --workspace --all-targets -- -D warnings
 
+step "lints of the server alone (cargo clippy --no-default-features)"
+cargo clippy -p rebound --no-default-features --all-targets -- -D warnings
+
+step "the server alone builds without smart storage or experiments"
+cargo build --no-default-features -p rebound
+if cargo tree -p rebound --no-default-features -e normal | grep -Ei 'datafusion|arrow|tonic|plotters'; then
+  echo "the server-only build (--no-default-features) depends on the crates above"
+  exit 1
+fi
+echo "ok"
+
 step "tests (cargo test --workspace)"
 cargo test --workspace
 

@@ -175,6 +175,7 @@ fn reopening_a_volume_with_another_size_or_a_busy_nvs_is_refused() {
 
 /// `rebound bench badpath` checks its flags before it starts any server:
 /// an unknown faulted group, or a count out of range, is named.
+#[cfg(feature = "experiments")]
 #[test]
 fn bench_badpath_refuses_bad_flags_before_running() {
     let out = std::env::temp_dir().join("rebound-badpath-flags");
@@ -197,5 +198,33 @@ fn bench_badpath_refuses_bad_flags_before_running() {
             "{args:?}: refused only after running: {}",
             String::from_utf8_lossy(&o.stdout)
         );
+    }
+}
+
+/// `--help` offers exactly the subcommands this build has: the server's
+/// always, `node`/`query` with the `smartstore` feature, `bench`/`demo`
+/// with `experiments`.
+#[test]
+fn help_lists_the_subcommands_of_this_build_only() {
+    let out = Command::new(env!("CARGO_BIN_EXE_rebound"))
+        .arg("--help")
+        .output()
+        .expect("running rebound --help");
+    let help = String::from_utf8_lossy(&out.stdout);
+    let listed = |name: &str| {
+        help.lines()
+            .any(|l| l.trim_start().starts_with(&format!("{name} ")))
+    };
+    for (name, built) in [
+        ("serve", true),
+        ("box", true),
+        ("status", true),
+        ("inject", true),
+        ("node", cfg!(feature = "smartstore")),
+        ("query", cfg!(feature = "smartstore")),
+        ("bench", cfg!(feature = "experiments")),
+        ("demo", cfg!(feature = "experiments")),
+    ] {
+        assert_eq!(listed(name), built, "{name} in rebound --help:\n{help}");
     }
 }
