@@ -169,6 +169,21 @@ impl Metrics {
     /// Render the Prometheus text format.
     pub fn render(&self, g: &Gauges) -> String {
         let mut out = String::with_capacity(8192);
+        self.render_requests(&mut out);
+        write_samples(&mut out, self.connection_and_cache_samples(g));
+        write_samples(&mut out, self.nvs_destage_and_queue_samples(g));
+        write_samples(&mut out, self.recovery_and_volume_samples(g));
+        render_ratios(&mut out, g);
+        render_rungs(&mut out, g);
+        if let Some(r) = &g.rcs {
+            render_rcs(&mut out, r);
+        }
+        out
+    }
+
+    /// The per-command families (requests, errors, bytes, latency): their
+    /// headers first, then every command's samples.
+    fn render_requests(&self, out: &mut String) {
         let mut family = |name: &str, kind: &str, help: &str| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
         };
@@ -236,7 +251,11 @@ impl Metrics {
             );
         }
         out.push_str(&lines);
-        let gauges = [
+    }
+
+    /// Connections, and how reads were served.
+    fn connection_and_cache_samples(&self, g: &Gauges) -> [Sample; 7] {
+        [
             (
                 "rebound_connections",
                 "gauge",
@@ -279,6 +298,12 @@ impl Metrics {
                 "Cache control blocks that failed their check word.",
                 g.frames_rebuilt,
             ),
+        ]
+    }
+
+    /// The NVS, destage, and the device queues.
+    fn nvs_destage_and_queue_samples(&self, g: &Gauges) -> [Sample; 6] {
+        [
             (
                 "rebound_nvs_slots_used",
                 "gauge",
@@ -310,6 +335,13 @@ impl Metrics {
                 "Device completions that matched no outstanding submission (ignored).",
                 g.device_queue.1,
             ),
+        ]
+    }
+
+    /// Control blocks, Log(Lock) rollbacks and escalations, the volume,
+    /// lost tracks, scrub and destage errors.
+    fn recovery_and_volume_samples(&self, g: &Gauges) -> [Sample; 10] {
+        [
             (
                 "rebound_control_blocks_free",
                 "gauge",
@@ -370,72 +402,101 @@ impl Metrics {
                 "Destage attempts that failed.",
                 self.destage_errors.load(Ordering::Relaxed),
             ),
-        ];
-        for (name, kind, help, value) in gauges {
+        ]
+    }
+}
+
+/// One single-sample family: name, kind, help, value.
+type Sample = (&'static str, &'static str, &'static str, u64);
+
+/// Write each single-sample family with its header.
+fn write_samples(out: &mut String, samples: impl IntoIterator<Item = Sample>) {
+    for (name, kind, help, value) in samples {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+        );
+    }
+}
+
+/// The cache hit ratio and the NVS fill ratio.
+fn render_ratios(out: &mut String, g: &Gauges) {
+    let reads = g.cache.0 + g.cache.1 + g.cache.2;
+    let ratio = if reads == 0 {
+        0.0
+    } else {
+        (g.cache.0 + g.cache.1) as f64 / reads as f64
+    };
+    let _ = writeln!(
+        out,
+        "# HELP rebound_cache_hit_ratio Reads served without a device read.\n# TYPE rebound_cache_hit_ratio gauge\nrebound_cache_hit_ratio {ratio}"
+    );
+    let fill = if g.nvs.1 == 0 {
+        0.0
+    } else {
+        g.nvs.0 as f64 / g.nvs.1 as f64
+    };
+    let _ = writeln!(
+        out,
+        "# HELP rebound_nvs_fill_ratio Fraction of NVS slots in use.\n# TYPE rebound_nvs_fill_ratio gauge\nrebound_nvs_fill_ratio {fill}"
+    );
+}
+
+/// Recoveries, time spent and requests affected, by rung of the ladder.
+fn render_rungs(out: &mut String, g: &Gauges) {
+    for (name, help, value) in [
+        (
+            "rebound_recoveries_total",
+            "Recoveries performed, by rung of the recovery ladder.",
+            (|r: &RungTotals| r.count.to_string()) as fn(&RungTotals) -> String,
+        ),
+        (
+            "rebound_recovery_seconds_total",
+            "Time spent recovering, by rung (0 for redrives, whose cost is request latency).",
+            |r| r.seconds.to_string(),
+        ),
+        (
+            "rebound_recovery_requests_total",
+            "Requests affected by recoveries, by rung.",
+            |r| r.requests.to_string(),
+        ),
+    ] {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+        for r in &g.rungs {
             let _ = writeln!(
                 out,
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+                "{name}{{rung=\"{}\",name=\"{}\"}} {}",
+                r.rung,
+                r.name,
+                value(r)
             );
         }
-        let reads = g.cache.0 + g.cache.1 + g.cache.2;
-        let ratio = if reads == 0 {
-            0.0
-        } else {
-            (g.cache.0 + g.cache.1) as f64 / reads as f64
-        };
-        let _ = writeln!(
-            out,
-            "# HELP rebound_cache_hit_ratio Reads served without a device read.\n# TYPE rebound_cache_hit_ratio gauge\nrebound_cache_hit_ratio {ratio}"
-        );
-        let fill = if g.nvs.1 == 0 {
-            0.0
-        } else {
-            g.nvs.0 as f64 / g.nvs.1 as f64
-        };
-        let _ = writeln!(
-            out,
-            "# HELP rebound_nvs_fill_ratio Fraction of NVS slots in use.\n# TYPE rebound_nvs_fill_ratio gauge\nrebound_nvs_fill_ratio {fill}"
-        );
-        for (name, help, value) in [
-            (
-                "rebound_recoveries_total",
-                "Recoveries performed, by rung of the recovery ladder.",
-                (|r: &RungTotals| r.count.to_string()) as fn(&RungTotals) -> String,
-            ),
-            (
-                "rebound_recovery_seconds_total",
-                "Time spent recovering, by rung (0 for redrives, whose cost is request latency).",
-                |r| r.seconds.to_string(),
-            ),
-            (
-                "rebound_recovery_requests_total",
-                "Requests affected by recoveries, by rung.",
-                |r| r.requests.to_string(),
-            ),
-        ] {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-            for r in &g.rungs {
-                let _ = writeln!(
-                    out,
-                    "{name}{{rung=\"{}\",name=\"{}\"}} {}",
-                    r.rung,
-                    r.name,
-                    value(r)
-                );
-            }
-        }
-        if let Some(r) = &g.rcs {
-            render_rcs(&mut out, r);
-        }
-        out
     }
 }
 
 /// A per-group rcs metric: name, help, and how to read it.
 type GroupField = (&'static str, &'static str, fn(&rcs::GroupMetrics) -> u64);
 
+/// The rcs runtime's families: per-group counters and gauges, affiliated
+/// tasks, recovery times, emulated recovery, and pool busy time.
 fn render_rcs(out: &mut String, r: &rcs::MetricsSnapshot) {
-    let fields: [GroupField; 10] = [
+    for (name, help, f) in group_fields() {
+        let kind = if name.ends_with("_total") {
+            "counter"
+        } else {
+            "gauge"
+        };
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for g in &r.groups {
+            let _ = writeln!(out, "{name}{{group=\"{}\"}} {}", g.name, f(g));
+        }
+    }
+    render_rcs_times(out, r);
+}
+
+/// Every per-group rcs counter and gauge that is one number per group.
+fn group_fields() -> [GroupField; 10] {
+    [
         (
             "rebound_rcs_dispatched_total",
             "Tasks dispatched, by recovery group.",
@@ -482,18 +543,12 @@ fn render_rcs(out: &mut String, r: &rcs::MetricsSnapshot) {
         ("rebound_rcs_queued", "Tasks queued now.", |g| {
             g.queued.iter().sum::<usize>() as u64
         }),
-    ];
-    for (name, help, f) in fields {
-        let kind = if name.ends_with("_total") {
-            "counter"
-        } else {
-            "gauge"
-        };
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for g in &r.groups {
-            let _ = writeln!(out, "{name}{{group=\"{}\"}} {}", g.name, f(g));
-        }
-    }
+    ]
+}
+
+/// Affiliated tasks, group recovery times, the fault emulation's held
+/// time, and pool busy time.
+fn render_rcs_times(out: &mut String, r: &rcs::MetricsSnapshot) {
     let _ = writeln!(
         out,
         "# HELP rebound_rcs_affiliated_total Tasks run by connection threads themselves (counted in their groups too).\n# TYPE rebound_rcs_affiliated_total counter\nrebound_rcs_affiliated_total {}",
