@@ -13,6 +13,21 @@ use crate::controller::Controller;
 pub fn render(ctl: &Controller) -> String {
     let mut out = String::new();
     let m = ctl.runtime().metrics();
+    startup_line(&mut out, ctl, &m);
+    scrub_and_lost_tracks(&mut out, ctl);
+    output_commit(&mut out, ctl);
+    system_recovery(&mut out, ctl);
+    control_blocks(&mut out, ctl);
+    volume_and_devices(&mut out, ctl);
+    queues(&mut out, ctl);
+    groups_table(&mut out, &m);
+    recoveries_by_rung(&mut out, ctl, &m);
+    recent_recoveries(&mut out, ctl);
+    out
+}
+
+/// How the server started, and what it serves.
+fn startup_line(out: &mut String, ctl: &Controller, m: &rcs::MetricsSnapshot) {
     let startup = ctl.startup();
     let how = match &startup.kind {
         crate::controller::RestartKind::Fresh => "new volume".to_owned(),
@@ -36,6 +51,10 @@ pub fn render(ctl: &Controller) -> String {
             "abandoned (next restart is hard)"
         },
     );
+}
+
+/// The scrub, and the tracks whose newest data is lost (if any).
+fn scrub_and_lost_tracks(out: &mut String, ctl: &Controller) {
     let _ = writeln!(out, "{}", ctl.scrub.describe(ctl.config().scrub_interval));
     let lost = crate::engine::destage::lost_tracks(ctl);
     if !lost.is_empty() {
@@ -52,28 +71,34 @@ pub fn render(ctl: &Controller) -> String {
             }
         );
     }
-    {
-        let e = ctl.epochs();
-        let st = e.stats();
-        let _ = writeln!(
-            out,
-            "output commit (rung 3): {}{}",
-            e.scheme().name(),
-            if e.enabled() {
-                format!(
-                    ", epoch {} every {:?}; {} replies and {} device writes held; {} commits, {} rollbacks",
-                    e.open(),
-                    e.interval(),
-                    e.held_replies(),
-                    e.device.held(),
-                    st.commits.load(std::sync::atomic::Ordering::Relaxed),
-                    st.rollbacks.load(std::sync::atomic::Ordering::Relaxed)
-                )
-            } else {
-                " (no epochs; rollback escalates to rung 4)".to_owned()
-            }
-        );
-    }
+}
+
+/// Output commit (rung 3): the scheme, and its epochs if on.
+fn output_commit(out: &mut String, ctl: &Controller) {
+    let e = ctl.epochs();
+    let st = e.stats();
+    let _ = writeln!(
+        out,
+        "output commit (rung 3): {}{}",
+        e.scheme().name(),
+        if e.enabled() {
+            format!(
+                ", epoch {} every {:?}; {} replies and {} device writes held; {} commits, {} rollbacks",
+                e.open(),
+                e.interval(),
+                e.held_replies(),
+                e.device.held(),
+                st.commits.load(std::sync::atomic::Ordering::Relaxed),
+                st.rollbacks.load(std::sync::atomic::Ordering::Relaxed)
+            )
+        } else {
+            " (no epochs; rollback escalates to rung 4)".to_owned()
+        }
+    );
+}
+
+/// System recovery (rung 4), and writes failing inside `cache.apply`.
+fn system_recovery(out: &mut String, ctl: &Controller) {
     let _ = writeln!(
         out,
         "system recovery (rung 4): {}; {} requests in the pipeline",
@@ -90,6 +115,10 @@ pub fn render(ctl: &Controller) -> String {
         ctl.metrics.apply_rollbacks.load(Ordering::Relaxed),
         ctl.metrics.apply_escalations.load(Ordering::Relaxed)
     );
+}
+
+/// The request control block pool.
+fn control_blocks(out: &mut String, ctl: &Controller) {
     let (exhausted, reclaimed, leaked) = ctl.blocks.counts();
     let _ = writeln!(
         out,
@@ -97,6 +126,10 @@ pub fn render(ctl: &Controller) -> String {
         ctl.blocks.available(),
         ctl.blocks.capacity()
     );
+}
+
+/// The volume's RAID layout and each device's state.
+fn volume_and_devices(out: &mut String, ctl: &Controller) {
     let health = ctl.volume.health();
     let _ = writeln!(
         out,
@@ -132,6 +165,10 @@ pub fn render(ctl: &Controller) -> String {
             ),
         };
     }
+}
+
+/// Each device's submission queue.
+fn queues(out: &mut String, ctl: &Controller) {
     for (i, q) in ctl.queues.iter().enumerate() {
         let _ = writeln!(
             out,
@@ -142,6 +179,10 @@ pub fn render(ctl: &Controller) -> String {
             q.unsolicited_count()
         );
     }
+}
+
+/// Every recovery group, one row each.
+fn groups_table(out: &mut String, m: &rcs::MetricsSnapshot) {
     let _ = writeln!(out, "\ngroups:");
     let _ = writeln!(
         out,
@@ -175,6 +216,10 @@ pub fn render(ctl: &Controller) -> String {
             g.queued.iter().sum::<usize>()
         );
     }
+}
+
+/// Recoveries by rung (group recoveries counted by rcs).
+fn recoveries_by_rung(out: &mut String, ctl: &Controller, m: &rcs::MetricsSnapshot) {
     let log = ctl.recoveries();
     let group_recoveries: u64 = m.groups.iter().map(|g| g.recoveries).sum();
     let _ = writeln!(out, "\nrecoveries by rung:");
@@ -186,6 +231,11 @@ pub fn render(ctl: &Controller) -> String {
         };
         let _ = writeln!(out, "  {} {:<13} {n}", rung as u8, rung.name());
     }
+}
+
+/// The most recent recoveries of every rung, newest last.
+fn recent_recoveries(out: &mut String, ctl: &Controller) {
+    let log = ctl.recoveries();
     let _ = writeln!(out, "\nrecent recoveries (newest last):");
     let mut lines: Vec<(Duration, String)> = log
         .recent()
@@ -226,5 +276,4 @@ pub fn render(ctl: &Controller) -> String {
     for (_, l) in lines.iter().rev().take(20).rev() {
         let _ = writeln!(out, "{l}");
     }
-    out
 }
