@@ -340,6 +340,19 @@ impl Config {
 
     /// Check every setting.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_inject()?;
+        self.validate_volume_geometry()?;
+        self.validate_admin_path()?;
+        self.validate_devices_fit_volume()?;
+        self.validate_nvs_and_cache_sizes()?;
+        self.validate_threads_and_queues()?;
+        self.validate_timing()?;
+        self.validate_connections()?;
+        self.validate_device_latency()
+    }
+
+    /// Faults to arm at start: each parses, and is one start can arm.
+    fn validate_inject(&self) -> Result<(), ConfigError> {
         for entry in &self.inject {
             let words: Vec<&str> = entry.split_whitespace().collect();
             let fault = crate::faults::Fault::parse(&words)
@@ -353,6 +366,11 @@ impl Config {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// The volume's size, and its devices for the RAID level.
+    fn validate_volume_geometry(&self) -> Result<(), ConfigError> {
         let track = TRACK_BYTES as u64;
         if self.volume_size == 0 || !self.volume_size.is_multiple_of(track) {
             return Err(invalid(
@@ -386,6 +404,11 @@ impl Config {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// The admin socket's path fits a Unix socket address.
+    fn validate_admin_path(&self) -> Result<(), ConfigError> {
         // sun_path holds 108 bytes with the terminating NUL.
         let admin = self.admin_path();
         if admin.as_os_str().len() > 107 {
@@ -397,12 +420,23 @@ impl Config {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// Every device holds at least one track of the volume.
+    fn validate_devices_fit_volume(&self) -> Result<(), ConfigError> {
         if u64::from(self.devices) > self.volume_tracks() {
             return Err(invalid(
                 "devices",
                 "more devices than 4 KiB tracks in the volume",
             ));
         }
+        Ok(())
+    }
+
+    /// The NVS and cache sizes.
+    fn validate_nvs_and_cache_sizes(&self) -> Result<(), ConfigError> {
+        let track = TRACK_BYTES as u64;
         let min_nvs = 2 * (MAX_PAYLOAD_BYTES as u64) + (1 << 20);
         if self.nvs_size < min_nvs {
             return Err(invalid(
@@ -419,6 +453,12 @@ impl Config {
         if self.cache_size < 64 * track || self.cache_size > (1u64 << 40) {
             return Err(invalid("cache_size", "must be between 256 KiB and 1 TiB"));
         }
+        Ok(())
+    }
+
+    /// Workers, the rcs policy, idle spins, control blocks and device
+    /// queue depth.
+    fn validate_threads_and_queues(&self) -> Result<(), ConfigError> {
         if self.workers > WORKERS_MAX {
             return Err(invalid("workers", format!("at most {WORKERS_MAX}")));
         }
@@ -441,6 +481,11 @@ impl Config {
                 format!("must be in 1..={DEVICE_QUEUE_DEPTH_MAX}"),
             ));
         }
+        Ok(())
+    }
+
+    /// Task deadline, hung threshold, checkpoint and scrub intervals.
+    fn validate_timing(&self) -> Result<(), ConfigError> {
         if !self.task_deadline.is_zero()
             && (self.task_deadline < Duration::from_millis(1)
                 || self.task_deadline > Duration::from_secs(3600))
@@ -478,6 +523,11 @@ impl Config {
                 "must be 0s (off) or between 100ms and 86400s",
             ));
         }
+        Ok(())
+    }
+
+    /// Connection limits and connection threads.
+    fn validate_connections(&self) -> Result<(), ConfigError> {
         if self.max_connections == 0 || self.max_connections > CONNECTIONS_MAX {
             return Err(invalid(
                 "max_connections",
@@ -490,6 +540,11 @@ impl Config {
                 format!("must be in 1..={CONNECTION_THREADS_MAX}"),
             ));
         }
+        Ok(())
+    }
+
+    /// The emulated device latency.
+    fn validate_device_latency(&self) -> Result<(), ConfigError> {
         if self.device_latency.fixed_us > 10_000_000 || self.device_latency.per_kib_us > 1_000_000 {
             return Err(invalid(
                 "device_latency",
