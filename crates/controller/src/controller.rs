@@ -278,6 +278,79 @@ fn scan_progress() -> impl FnMut(u32, u32) {
 /// How long a hard restart's scan runs before it reports progress.
 const SCAN_QUIET: Duration = Duration::from_millis(500);
 
+/// Open (or create) the volume and the NVS, and the identity that ties
+/// them (and the recovery box) together.
+fn open_volume_and_nvs(
+    config: &Config,
+    recoveries: &Arc<RecoveryLog>,
+) -> Result<(Volume, Nvs, bool, VolumeIdentity), OpenError> {
+    let volume = Volume::open_or_create(
+        &config.data_dir,
+        config.volume_size,
+        config.devices,
+        config.raid,
+        config.direct_io,
+    )?;
+    volume.attach_log(Arc::clone(recoveries));
+    volume.set_rebuild_rate(config.rebuild_rate);
+    let (nvs, fresh) = Nvs::open_or_create(
+        &config.nvs_path(),
+        config.nvs_size,
+        volume.label().id,
+        volume.tracks(),
+    )?;
+    let identity = VolumeIdentity {
+        id: volume.label().id,
+        size_bytes: config.volume_size,
+        devices: config.devices,
+        nvs_slots: nvs.slot_count(),
+    };
+    Ok((volume, nvs, fresh, identity))
+}
+
+/// What the NBD handshake tells clients about the export.
+fn export_info(config: &Config, volume: &Volume) -> ExportInfo {
+    ExportInfo {
+        name: "rebound".into(),
+        description: format!(
+            "rebound volume {:#x}, {} bytes",
+            volume.label().id,
+            config.volume_size
+        ),
+        size_bytes: config.volume_size,
+        min_block_bytes: TRACK_BYTES as u32,
+        preferred_block_bytes: TRACK_BYTES as u32,
+        max_payload_bytes: MAX_PAYLOAD_BYTES,
+    }
+}
+
+/// Arm the faults the configuration names (`inject`), as `rebound inject`
+/// would.
+fn arm_configured_faults(engine: &Arc<Engine>) -> Result<(), OpenError> {
+    for entry in &engine.config.inject {
+        let words: Vec<&str> = entry.split_whitespace().collect();
+        let armed = crate::faults::Fault::parse(&words)
+            .and_then(|fault| crate::engine::inject::arm(engine, &fault))
+            .map_err(|e| ConfigError::Invalid {
+                setting: "inject",
+                message: format!("{entry:?}: {e}"),
+            })?;
+        tracing::warn!(fault = %armed.trim(), "fault armed by the configuration");
+    }
+    Ok(())
+}
+
+/// Start the background work: epochs (output commit), the destage tick
+/// and a first destage, and the scrub.
+fn start_background_work(engine: &Arc<Engine>) -> Result<(), OpenError> {
+    engine.epochs.rebase(engine);
+    crate::engine::epoch::start(engine)?;
+    crate::engine::destage::start_tick(engine);
+    crate::engine::destage::kick(engine);
+    crate::engine::scrub::start(engine);
+    Ok(())
+}
+
 impl Controller {
     /// Open (or create) the volume and NVS, recover the dirty directory
     /// (fast or hard restart), start the runtime.
@@ -285,27 +358,7 @@ impl Controller {
         let started = Instant::now();
         config.validate()?;
         let recoveries: Arc<RecoveryLog> = Arc::default();
-        let volume = Volume::open_or_create(
-            &config.data_dir,
-            config.volume_size,
-            config.devices,
-            config.raid,
-            config.direct_io,
-        )?;
-        volume.attach_log(Arc::clone(&recoveries));
-        volume.set_rebuild_rate(config.rebuild_rate);
-        let (nvs, fresh) = Nvs::open_or_create(
-            &config.nvs_path(),
-            config.nvs_size,
-            volume.label().id,
-            volume.tracks(),
-        )?;
-        let identity = VolumeIdentity {
-            id: volume.label().id,
-            size_bytes: config.volume_size,
-            devices: config.devices,
-            nvs_slots: nvs.slot_count(),
-        };
+        let (volume, nvs, fresh, identity) = open_volume_and_nvs(&config, &recoveries)?;
         let frames = (config.cache_size / TRACK_BYTES as u64) as usize;
         let destage = DestageQueue::default();
         let (journal, cache, kind, scan) =
@@ -313,18 +366,7 @@ impl Controller {
         let replayed_tracks = cache.dirty_tracks();
         let late = LateEngine::default();
         let (runtime, groups) = build_runtime(&config, &late)?;
-        let export = ExportInfo {
-            name: "rebound".into(),
-            description: format!(
-                "rebound volume {:#x}, {} bytes",
-                volume.label().id,
-                config.volume_size
-            ),
-            size_bytes: config.volume_size,
-            min_block_bytes: TRACK_BYTES as u32,
-            preferred_block_bytes: TRACK_BYTES as u32,
-            max_payload_bytes: MAX_PAYLOAD_BYTES,
-        };
+        let export = export_info(&config, &volume);
         let blocks = ControlBlocks::new(config.control_blocks);
         let epochs = crate::engine::epoch::Epochs::new(
             config.output_commit.0,
@@ -369,13 +411,26 @@ impl Controller {
                 elapsed: started.elapsed(),
             },
         });
+        ctl.log_startup();
+        ctl.install_frame_rebuild_hook();
+        ctl.record_restart();
+        let engine = &ctl.engine;
+        arm_configured_faults(engine)?;
+        start_background_work(engine)?;
+        Ok(ctl)
+    }
+
+    /// Log what start-up replayed, and what a hard restart's scan found
+    /// damaged.
+    fn log_startup(&self) {
+        let replayed_tracks = self.startup.replayed_tracks;
         if replayed_tracks > 0 {
             tracing::info!(
                 tracks = replayed_tracks,
                 "replayed dirty tracks from the NVS"
             );
         }
-        if let Some(scan) = &ctl.startup.scan
+        if let Some(scan) = &self.startup.scan
             && (scan.discarded > 0 || scan.damaged > 0)
         {
             tracing::warn!(
@@ -384,51 +439,42 @@ impl Controller {
                 "NVS scan: records with a damaged header freed; records with damaged data kept (their tracks read as EIO until rewritten)"
             );
         }
-        {
-            // Rung 1: a cache control block failing its check word is
-            // dropped and rebuilt from its NVS record or the device.
-            let log = Arc::clone(&ctl.recoveries);
-            ctl.cache.set_rebuild_hook(Box::new(move |track| {
-                log.record(
-                    Rung::Task,
-                    format!("cache frame of track {track} failed its check word; rebuilt from NVS or device"),
-                    Duration::ZERO,
-                    1,
-                );
-            }));
-        }
-        match &ctl.startup.kind {
+    }
+
+    /// Rung 1: a cache control block failing its check word is dropped and
+    /// rebuilt from its NVS record or the device.
+    fn install_frame_rebuild_hook(&self) {
+        let log = Arc::clone(&self.recoveries);
+        self.cache.set_rebuild_hook(Box::new(move |track| {
+            log.record(
+                Rung::Task,
+                format!(
+                    "cache frame of track {track} failed its check word; rebuilt from NVS or device"
+                ),
+                Duration::ZERO,
+                1,
+            );
+        }));
+    }
+
+    /// Record a fast (rung 5) or hard (rung 6) restart in the recovery log.
+    fn record_restart(&self) {
+        let replayed_tracks = self.startup.replayed_tracks;
+        match &self.startup.kind {
             RestartKind::Fresh => {}
-            RestartKind::Fast => ctl.recoveries.record(
+            RestartKind::Fast => self.recoveries.record(
                 Rung::FastRestart,
                 format!("restart: {replayed_tracks} dirty tracks from the recovery box"),
-                ctl.startup.elapsed,
+                self.startup.elapsed,
                 0,
             ),
-            RestartKind::Hard { reason } => ctl.recoveries.record(
+            RestartKind::Hard { reason } => self.recoveries.record(
                 Rung::HardRestart,
                 format!("restart: recovery box refused ({reason}); NVS scanned"),
-                ctl.startup.elapsed,
+                self.startup.elapsed,
                 0,
             ),
         }
-        let engine = &ctl.engine;
-        for entry in &engine.config.inject {
-            let words: Vec<&str> = entry.split_whitespace().collect();
-            let armed = crate::faults::Fault::parse(&words)
-                .and_then(|fault| crate::engine::inject::arm(engine, &fault))
-                .map_err(|e| ConfigError::Invalid {
-                    setting: "inject",
-                    message: format!("{entry:?}: {e}"),
-                })?;
-            tracing::warn!(fault = %armed.trim(), "fault armed by the configuration");
-        }
-        engine.epochs.rebase(engine);
-        crate::engine::epoch::start(engine)?;
-        crate::engine::destage::start_tick(engine);
-        crate::engine::destage::kick(engine);
-        crate::engine::scrub::start(engine);
-        Ok(ctl)
     }
 
     /// The engine this controller composes.
