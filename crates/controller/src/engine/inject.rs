@@ -34,49 +34,10 @@ pub fn arm(engine: &Arc<Engine>, fault: &Fault) -> Result<String, String> {
             group,
             rate,
             duration,
-        } => {
-            let metrics = engine.runtime().metrics();
-            let id = metrics.group(group).map(|g| g.id).ok_or_else(|| {
-                let names: Vec<&str> = metrics.groups.iter().map(|g| g.name.as_str()).collect();
-                format!("unknown group {group:?}; groups: {}", names.join(", "))
-            })?;
-            engine
-                .runtime()
-                .inject(id, *rate, *duration)
-                .map_err(|e| e.to_string())?;
-            Ok(format!(
-                "group {group}: fault probability {rate} per dispatch, recovery {duration:?} each\n"
-            ))
-        }
-        Fault::CorruptFrame(t) => {
-            if engine.cache.damage_frame(*t) {
-                Ok(format!(
-                    "damaged the check word of the frame caching track {t}\n"
-                ))
-            } else {
-                Err(format!(
-                    "track {t} is not in the read cache (read it first)"
-                ))
-            }
-        }
-        Fault::CorruptDirectory(t) => match engine.cache.damage_directory(*t) {
-            Some(d) => Ok(format!(
-                "damaged the directory entry of track {t} (its record, slot {} seq {}, is now named wrongly)\n",
-                d.slot, d.seq
-            )),
-            None => Err(format!(
-                "track {t} has no dirty directory entry (write it first)"
-            )),
-        },
-        Fault::CorruptRecord(t) => match engine.cache.damage_record(*t, &engine.nvs) {
-            Some(d) => Ok(format!(
-                "damaged the data of track {t}'s NVS record (slot {}, seq {}) and dropped its cached copy\n",
-                d.slot, d.seq
-            )),
-            None => Err(format!(
-                "track {t} has no record in the NVS (write it, and hold its destage, first)"
-            )),
-        },
+        } => group_fault(engine, group, *rate, *duration),
+        Fault::CorruptFrame(t) => corrupt_frame(engine, *t),
+        Fault::CorruptDirectory(t) => corrupt_directory(engine, *t),
+        Fault::CorruptRecord(t) => corrupt_record(engine, *t),
         Fault::Rollback => engine
             .rollback("injected through the admin socket")
             .map(|report| format!("{report}\n"))
@@ -112,6 +73,67 @@ pub fn arm(engine: &Arc<Engine>, fault: &Fault) -> Result<String, String> {
             }
             Ok("every fault point and group injection disarmed\n".into())
         }
+    }
+}
+
+/// Make `group`'s tasks fail at dispatch with probability `rate`, each
+/// recovery taking `duration` (the fault emulation).
+fn group_fault(
+    engine: &Engine,
+    group: &str,
+    rate: f64,
+    duration: Duration,
+) -> Result<String, String> {
+    let metrics = engine.runtime().metrics();
+    let id = metrics.group(group).map(|g| g.id).ok_or_else(|| {
+        let names: Vec<&str> = metrics.groups.iter().map(|g| g.name.as_str()).collect();
+        format!("unknown group {group:?}; groups: {}", names.join(", "))
+    })?;
+    engine
+        .runtime()
+        .inject(id, rate, duration)
+        .map_err(|e| e.to_string())?;
+    Ok(format!(
+        "group {group}: fault probability {rate} per dispatch, recovery {duration:?} each\n"
+    ))
+}
+
+/// Damage the check word of the frame caching track `t`.
+fn corrupt_frame(engine: &Engine, t: u64) -> Result<String, String> {
+    if engine.cache.damage_frame(t) {
+        Ok(format!(
+            "damaged the check word of the frame caching track {t}\n"
+        ))
+    } else {
+        Err(format!(
+            "track {t} is not in the read cache (read it first)"
+        ))
+    }
+}
+
+/// Damage dirty track `t`'s directory entry.
+fn corrupt_directory(engine: &Engine, t: u64) -> Result<String, String> {
+    match engine.cache.damage_directory(t) {
+        Some(d) => Ok(format!(
+            "damaged the directory entry of track {t} (its record, slot {} seq {}, is now named wrongly)\n",
+            d.slot, d.seq
+        )),
+        None => Err(format!(
+            "track {t} has no dirty directory entry (write it first)"
+        )),
+    }
+}
+
+/// Damage the data of track `t`'s NVS record and drop its cached copy.
+fn corrupt_record(engine: &Engine, t: u64) -> Result<String, String> {
+    match engine.cache.damage_record(t, &engine.nvs) {
+        Some(d) => Ok(format!(
+            "damaged the data of track {t}'s NVS record (slot {}, seq {}) and dropped its cached copy\n",
+            d.slot, d.seq
+        )),
+        None => Err(format!(
+            "track {t} has no record in the NVS (write it, and hold its destage, first)"
+        )),
     }
 }
 
