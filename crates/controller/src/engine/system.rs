@@ -447,60 +447,15 @@ fn run_rollback(ctl: &Arc<Engine>, cause: &str) -> Result<RollbackReport, System
     // Devices: no write of the open epoch may stay. Held writes of earlier
     // epochs not yet written (issued just after their epoch's cut) are
     // dropped too: their records are still dirty and destage again.
-    let device = &ctl.epochs.device;
-    let from = if device.holds_writes() { 0 } else { epoch };
-    let (dropped, undone) = device.rollback(&ctl.volume, from);
-    if let Err(e) = &undone {
-        tracing::error!(error = %e, "rung 3: a logged device write could not be undone");
-    }
-    let dropped_writes = dropped.len() as u64;
-    for h in dropped {
-        let end = ctl.cache.end_destage(&ctl.nvs, h.track, h.destage, false);
-        debug_assert!(end.free.is_none());
-    }
+    let dropped_writes = drop_device_writes(ctl, epoch);
     // The directory, then the NVS: every record the restored directory
     // names is valid again; every other one (the open epoch's) is erased
     // and its slot freed.
-    for track in ctl.epochs.take_suspects() {
-        ctl.cache.mark_changed(track);
-    }
-    let restored_tracks = ctl
-        .cache
-        .roll_back_changes(&ctl.nvs, |t| ctl.epochs.image_of(t));
-    let records = ctl.cache.dirty_records();
-    let referenced: Vec<crate::store::nvs::ScannedRecord> = records
-        .iter()
-        .map(|&(track, d)| crate::store::nvs::ScannedRecord {
-            slot: d.slot,
-            seq: d.seq,
-            track,
-        })
-        .collect();
+    let (restored_tracks, records, referenced) = restore_directory(ctl);
     drop(cut);
     // If the NVS does not hold what the checkpoint names, the checkpoint
     // cannot be trusted: rebuild as rung 4 does, still quiesced.
-    let fell_back = match ctl.nvs.adopt(&referenced, ctl.nvs.last_seq() + 1) {
-        Ok(()) => {
-            ctl.destage.reset();
-            let mut sorted = records;
-            sorted.sort_by_key(|&(_, d)| d.seq);
-            for (track, _) in sorted {
-                ctl.destage.push(track);
-            }
-            None
-        }
-        Err(e) => {
-            tracing::error!(error = %e, "rung 3: the NVS disagrees with the checkpoint; rebuilding as rung 4");
-            let (source, _) = rebuild(ctl);
-            Some(format!(
-                "the NVS disagrees with the checkpoint ({e}); rebuilt from {}",
-                match source {
-                    RebuildSource::RecoveryBox => "the recovery box",
-                    RebuildSource::NvsScan => "an NVS scan",
-                }
-            ))
-        }
-    };
+    let fell_back = adopt_or_rebuild(ctl, records, &referenced);
     let restored = Instant::now();
     ctl.epochs.stats.rollbacks.fetch_add(1, Ordering::Relaxed);
 
@@ -531,23 +486,114 @@ fn run_rollback(ctl: &Arc<Engine>, cause: &str) -> Result<RollbackReport, System
         total: started.elapsed(),
         fell_back: fell_back.clone(),
     };
-    match fell_back {
+    record_rollback(ctl, &report);
+    Ok(report)
+}
+
+/// Rung 3's device step: drop the held writes from `epoch` on (all of
+/// them when the device holds writes), undo logged ones, and end their
+/// destages unfinished. Returns how many held writes were dropped.
+fn drop_device_writes(ctl: &Arc<Engine>, epoch: u64) -> u64 {
+    let device = &ctl.epochs.device;
+    let from = if device.holds_writes() { 0 } else { epoch };
+    let (dropped, undone) = device.rollback(&ctl.volume, from);
+    if let Err(e) = &undone {
+        tracing::error!(error = %e, "rung 3: a logged device write could not be undone");
+    }
+    let dropped_writes = dropped.len() as u64;
+    for h in dropped {
+        let end = ctl.cache.end_destage(&ctl.nvs, h.track, h.destage, false);
+        debug_assert!(end.free.is_none());
+    }
+    dropped_writes
+}
+
+/// Rung 3's directory step: restore the checkpoint's directory entries.
+/// Returns the entries restored, the dirty records the restored directory
+/// names, and those records as the NVS must hold them.
+fn restore_directory(
+    ctl: &Arc<Engine>,
+) -> (
+    u64,
+    Vec<(u64, crate::store::cache::Dirty)>,
+    Vec<crate::store::nvs::ScannedRecord>,
+) {
+    for track in ctl.epochs.take_suspects() {
+        ctl.cache.mark_changed(track);
+    }
+    let restored_tracks = ctl
+        .cache
+        .roll_back_changes(&ctl.nvs, |t| ctl.epochs.image_of(t));
+    let records = ctl.cache.dirty_records();
+    let referenced: Vec<crate::store::nvs::ScannedRecord> = records
+        .iter()
+        .map(|&(track, d)| crate::store::nvs::ScannedRecord {
+            slot: d.slot,
+            seq: d.seq,
+            track,
+        })
+        .collect();
+    (restored_tracks, records, referenced)
+}
+
+/// Rung 3's NVS step: the NVS adopts the records the restored directory
+/// names and destage queues them in sequence order; if it cannot, rebuild
+/// as rung 4 does. Returns why rung 3 fell back, if it did.
+fn adopt_or_rebuild(
+    ctl: &Arc<Engine>,
+    records: Vec<(u64, crate::store::cache::Dirty)>,
+    referenced: &[crate::store::nvs::ScannedRecord],
+) -> Option<String> {
+    match ctl.nvs.adopt(referenced, ctl.nvs.last_seq() + 1) {
+        Ok(()) => {
+            ctl.destage.reset();
+            let mut sorted = records;
+            sorted.sort_by_key(|&(_, d)| d.seq);
+            for (track, _) in sorted {
+                ctl.destage.push(track);
+            }
+            None
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "rung 3: the NVS disagrees with the checkpoint; rebuilding as rung 4");
+            let (source, _) = rebuild(ctl);
+            Some(format!(
+                "the NVS disagrees with the checkpoint ({e}); rebuilt from {}",
+                match source {
+                    RebuildSource::RecoveryBox => "the recovery box",
+                    RebuildSource::NvsScan => "an NVS scan",
+                }
+            ))
+        }
+    }
+}
+
+/// Log a rollback as rung 3, or as rung 4 when it fell back to a rebuild.
+fn record_rollback(ctl: &Arc<Engine>, report: &RollbackReport) {
+    let RollbackReport {
+        cause,
+        epoch,
+        restored_tracks,
+        dropped_writes,
+        rerun: count,
+        ..
+    } = report;
+    match &report.fell_back {
         None => ctl.recoveries.record(
             Rung::Rollback,
             format!(
                 "{cause}; epoch {epoch} rolled back ({restored_tracks} entries restored, {dropped_writes} held writes dropped)"
             ),
             report.total,
-            count,
+            *count,
         ),
         Some(why) => ctl.recoveries.record(
             Rung::System,
             format!("{cause}; rollback refused: {why}"),
             report.total,
-            count,
+            *count,
         ),
     }
-    Ok(report)
 }
 
 /// Give a parked request what it needs to run again and submit it.
