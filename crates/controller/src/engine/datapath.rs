@@ -471,6 +471,18 @@ pub(super) fn nvs_write(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<
     Ok(())
 }
 
+/// A panic inside `cache.apply` as the task's failure, with its message.
+fn apply_panic(panic: &(dyn std::any::Any + Send)) -> Failure {
+    Failure::new(
+        rcs::FailureClass::Panic,
+        panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "panic inside cache.apply".to_owned()),
+    )
+}
+
 /// Log(Lock) actor ids for `cache.apply` tasks (unique among live actors).
 static NEXT_ACTOR: AtomicU64 = AtomicU64::new(1);
 
@@ -525,14 +537,7 @@ pub(super) fn cache_apply(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Resul
     let failure = match applied {
         Ok(Ok(())) => None,
         Ok(Err(f)) => Some(f),
-        Err(panic) => Some(Failure::new(
-            rcs::FailureClass::Panic,
-            panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "panic inside cache.apply".to_owned()),
-        )),
+        Err(panic) => Some(apply_panic(&*panic)),
     };
     if let Some(failure) = failure {
         recover_apply(&ctl, &mut req, &actor, &point, &undo);
