@@ -100,6 +100,105 @@ fn le32(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
 }
 
+/// The error of an I/O on `path`.
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RenameMapError + use<> {
+    let path = path.to_owned();
+    move |source| RenameMapError::Io { path, source }
+}
+
+/// A new map: write its header for a volume of `tracks`, and size it for
+/// an entry per track (all zero: no track renamed).
+fn write_header(map: &File, map_path: &Path, tracks: u64) -> Result<(), RenameMapError> {
+    let mut header = [0u8; HEADER_BYTES as usize];
+    header[..8].copy_from_slice(MAGIC);
+    header[8..12].copy_from_slice(&VERSION.to_le_bytes());
+    header[16..24].copy_from_slice(&tracks.to_le_bytes());
+    let crc = crc32c::crc32c(&header[..24]);
+    header[24..28].copy_from_slice(&crc.to_le_bytes());
+    map.write_all_at(&header, 0).map_err(io(map_path))?;
+    map.set_len(HEADER_BYTES + tracks * ENTRY_BYTES)
+        .map_err(io(map_path))?;
+    Ok(())
+}
+
+/// An existing map: its header is whole, is a rename map's of this
+/// version, and was made for a volume of `tracks`, and the file holds an
+/// entry per track.
+fn check_header(map: &File, map_path: &Path, len: u64, tracks: u64) -> Result<(), RenameMapError> {
+    let mut header = [0u8; HEADER_BYTES as usize];
+    let bad = |reason: String| RenameMapError::Header {
+        path: map_path.to_owned(),
+        reason,
+    };
+    if len < HEADER_BYTES {
+        return Err(bad(format!("truncated to {len} bytes")));
+    }
+    map.read_exact_at(&mut header, 0).map_err(io(map_path))?;
+    if &header[..8] != MAGIC {
+        return Err(bad("not a rename map (bad magic)".into()));
+    }
+    if le32(&header, 24) != crc32c::crc32c(&header[..24]) {
+        return Err(bad("header fails its checksum".into()));
+    }
+    if le32(&header, 8) != VERSION {
+        return Err(bad(format!("unknown version {}", le32(&header, 8))));
+    }
+    let have = u64::from_le_bytes(header[16..24].try_into().expect("8 bytes"));
+    if have != tracks {
+        return Err(bad(format!(
+            "made for a volume of {have} tracks, this one has {tracks}"
+        )));
+    }
+    if len != HEADER_BYTES + tracks * ENTRY_BYTES {
+        return Err(bad(format!(
+            "{len} bytes, expected {}",
+            HEADER_BYTES + tracks * ENTRY_BYTES
+        )));
+    }
+    Ok(())
+}
+
+/// Load the committed entries: the renamed tracks, and the highest
+/// generation any entry carries. An entry failing its checksum is an error.
+fn load_entries(
+    map: &File,
+    map_path: &Path,
+    tracks: u64,
+) -> Result<(FxHashMap<u64, Renamed>, u32), RenameMapError> {
+    let mut live = FxHashMap::default();
+    let mut generation = 0;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut track = 0u64;
+    while track < tracks {
+        let n = ((tracks - track) * ENTRY_BYTES).min(buf.len() as u64) as usize;
+        map.read_exact_at(&mut buf[..n], HEADER_BYTES + track * ENTRY_BYTES)
+            .map_err(io(map_path))?;
+        for e in buf[..n].chunks_exact(ENTRY_BYTES as usize) {
+            if e.iter().any(|&b| b != 0) {
+                let (slot1, data_crc, g, crc) = (le32(e, 0), le32(e, 4), le32(e, 8), le32(e, 12));
+                if crc != entry_crc(track, slot1, data_crc, g) {
+                    return Err(RenameMapError::Entry {
+                        path: map_path.to_owned(),
+                        track,
+                    });
+                }
+                generation = generation.max(g);
+                if slot1 != 0 {
+                    live.insert(
+                        track,
+                        Renamed {
+                            slot: slot1 - 1,
+                            data_crc,
+                        },
+                    );
+                }
+            }
+            track += 1;
+        }
+    }
+    Ok((live, generation))
+}
+
 impl RenameMap {
     /// The map's file names in `dir`.
     pub fn paths(dir: &Path) -> (PathBuf, PathBuf) {
@@ -113,10 +212,6 @@ impl RenameMap {
     /// its committed entries.
     pub fn open(dir: &Path, tracks: u64) -> Result<Self, RenameMapError> {
         let (map_path, area_path) = Self::paths(dir);
-        let io = |path: &Path| {
-            let path = path.to_owned();
-            move |source| RenameMapError::Io { path, source }
-        };
         let opts = || {
             let mut o = OpenOptions::new();
             o.read(true).write(true).create(true).truncate(false);
@@ -125,79 +220,12 @@ impl RenameMap {
         let map = opts().open(&map_path).map_err(io(&map_path))?;
         let area = opts().open(&area_path).map_err(io(&area_path))?;
         let len = map.metadata().map_err(io(&map_path))?.len();
-        let mut header = [0u8; HEADER_BYTES as usize];
         if len == 0 {
-            header[..8].copy_from_slice(MAGIC);
-            header[8..12].copy_from_slice(&VERSION.to_le_bytes());
-            header[16..24].copy_from_slice(&tracks.to_le_bytes());
-            let crc = crc32c::crc32c(&header[..24]);
-            header[24..28].copy_from_slice(&crc.to_le_bytes());
-            map.write_all_at(&header, 0).map_err(io(&map_path))?;
-            map.set_len(HEADER_BYTES + tracks * ENTRY_BYTES)
-                .map_err(io(&map_path))?;
+            write_header(&map, &map_path, tracks)?;
         } else {
-            let bad = |reason: String| RenameMapError::Header {
-                path: map_path.clone(),
-                reason,
-            };
-            if len < HEADER_BYTES {
-                return Err(bad(format!("truncated to {len} bytes")));
-            }
-            map.read_exact_at(&mut header, 0).map_err(io(&map_path))?;
-            if &header[..8] != MAGIC {
-                return Err(bad("not a rename map (bad magic)".into()));
-            }
-            if le32(&header, 24) != crc32c::crc32c(&header[..24]) {
-                return Err(bad("header fails its checksum".into()));
-            }
-            if le32(&header, 8) != VERSION {
-                return Err(bad(format!("unknown version {}", le32(&header, 8))));
-            }
-            let have = u64::from_le_bytes(header[16..24].try_into().expect("8 bytes"));
-            if have != tracks {
-                return Err(bad(format!(
-                    "made for a volume of {have} tracks, this one has {tracks}"
-                )));
-            }
-            if len != HEADER_BYTES + tracks * ENTRY_BYTES {
-                return Err(bad(format!(
-                    "{len} bytes, expected {}",
-                    HEADER_BYTES + tracks * ENTRY_BYTES
-                )));
-            }
+            check_header(&map, &map_path, len, tracks)?;
         }
-        let mut live = FxHashMap::default();
-        let mut generation = 0;
-        let mut buf = vec![0u8; 64 * 1024];
-        let mut track = 0u64;
-        while track < tracks {
-            let n = ((tracks - track) * ENTRY_BYTES).min(buf.len() as u64) as usize;
-            map.read_exact_at(&mut buf[..n], HEADER_BYTES + track * ENTRY_BYTES)
-                .map_err(io(&map_path))?;
-            for e in buf[..n].chunks_exact(ENTRY_BYTES as usize) {
-                if e.iter().any(|&b| b != 0) {
-                    let (slot1, data_crc, g, crc) =
-                        (le32(e, 0), le32(e, 4), le32(e, 8), le32(e, 12));
-                    if crc != entry_crc(track, slot1, data_crc, g) {
-                        return Err(RenameMapError::Entry {
-                            path: map_path.clone(),
-                            track,
-                        });
-                    }
-                    generation = generation.max(g);
-                    if slot1 != 0 {
-                        live.insert(
-                            track,
-                            Renamed {
-                                slot: slot1 - 1,
-                                data_crc,
-                            },
-                        );
-                    }
-                }
-                track += 1;
-            }
-        }
+        let (live, generation) = load_entries(&map, &map_path, tracks)?;
         let slots = live.values().map(|r| r.slot + 1).max().unwrap_or(0);
         let mut used = vec![false; slots as usize];
         for r in live.values() {
