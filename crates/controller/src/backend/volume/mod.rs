@@ -321,6 +321,38 @@ impl Drop for Volume {
     }
 }
 
+/// Open (or create) device `d`'s file; a device the label records as lost
+/// resumes rebuilding from its durable progress and read-ahead log.
+fn open_member(
+    dir: &Path,
+    d: usize,
+    label: &Label,
+    layout: &Layout,
+    direct: bool,
+) -> Result<Member, VolumeError> {
+    let io = |source| VolumeError::Io {
+        dir: dir.to_owned(),
+        source,
+    };
+    let dev = FileDevice::open_or_create(&device_path(dir, d), layout.device_bytes(), direct)
+        .map_err(io)?;
+    let lost = label.degraded.iter().find(|g| g.device as usize == d);
+    Ok(Member {
+        dev: RwLock::new(Arc::new(dev)),
+        state: AtomicU8::new(if lost.is_some() { REBUILDING } else { ONLINE }),
+        pulled: AtomicBool::new(false),
+        rebuilt: AtomicU64::new(lost.map_or(0, |g| g.rebuilt_slots)),
+        durable: AtomicU64::new(lost.map_or(0, |g| g.rebuilt_slots)),
+        losses: AtomicU64::new(0),
+        ahead: Mutex::new(match lost {
+            Some(g) => read_ahead_log(dir, d, g.generation, layout.slots_per_device()),
+            None => Default::default(),
+        }),
+        ahead_log: Mutex::new(None),
+        stalled: Mutex::new(None),
+    })
+}
+
 fn device_path(dir: &Path, d: usize) -> PathBuf {
     dir.join(format!("device{d}.img"))
 }
@@ -341,32 +373,7 @@ impl Volume {
             source,
         };
         std::fs::create_dir_all(dir).map_err(io)?;
-        let label_path = dir.join("volume.toml");
-        let mut label = match std::fs::read_to_string(&label_path) {
-            Ok(text) => {
-                let mut label: Label =
-                    toml::from_str(&text).map_err(|e| VolumeError::BadLabel {
-                        path: label_path.clone(),
-                        message: e.to_string(),
-                    })?;
-                Self::check(dir, &label, size_bytes, devices, raid)?;
-                Self::adopt_missing_devices(dir, &mut label)?;
-                label
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let label = Label {
-                    id: fastrand_id(),
-                    size_bytes,
-                    track_bytes: TRACK_BYTES as u32,
-                    devices,
-                    raid,
-                    degraded: Vec::new(),
-                };
-                write_label(dir, &label).map_err(io)?;
-                label
-            }
-            Err(e) => return Err(io(e)),
-        };
+        let mut label = Self::open_or_create_label(dir, size_bytes, devices, raid)?;
         label.degraded.sort_by_key(|g| g.device);
         let layout = Layout::new(
             label.raid,
@@ -374,26 +381,7 @@ impl Volume {
             label.size_bytes / TRACK_BYTES as u64,
         );
         let members = (0..label.devices as usize)
-            .map(|d| {
-                let dev =
-                    FileDevice::open_or_create(&device_path(dir, d), layout.device_bytes(), direct)
-                        .map_err(io)?;
-                let lost = label.degraded.iter().find(|g| g.device as usize == d);
-                Ok(Member {
-                    dev: RwLock::new(Arc::new(dev)),
-                    state: AtomicU8::new(if lost.is_some() { REBUILDING } else { ONLINE }),
-                    pulled: AtomicBool::new(false),
-                    rebuilt: AtomicU64::new(lost.map_or(0, |g| g.rebuilt_slots)),
-                    durable: AtomicU64::new(lost.map_or(0, |g| g.rebuilt_slots)),
-                    losses: AtomicU64::new(0),
-                    ahead: Mutex::new(match lost {
-                        Some(g) => read_ahead_log(dir, d, g.generation, layout.slots_per_device()),
-                        None => Default::default(),
-                    }),
-                    ahead_log: Mutex::new(None),
-                    stalled: Mutex::new(None),
-                })
-            })
+            .map(|d| open_member(dir, d, &label, &layout, direct))
             .collect::<Result<Vec<_>, VolumeError>>()?;
         let resume: Vec<usize> = label.degraded.iter().map(|g| g.device as usize).collect();
         let ppl = match label.raid {
@@ -430,6 +418,47 @@ impl Volume {
             Inner::spawn_rebuild(&v.inner, d);
         }
         Ok(v)
+    }
+
+    /// The label in `dir`: read and checked against the configuration
+    /// (adopting device files lost since), or written for a new volume.
+    fn open_or_create_label(
+        dir: &Path,
+        size_bytes: u64,
+        devices: u32,
+        raid: Raid,
+    ) -> Result<Label, VolumeError> {
+        let io = |source| VolumeError::Io {
+            dir: dir.to_owned(),
+            source,
+        };
+        let label_path = dir.join("volume.toml");
+        let label = match std::fs::read_to_string(&label_path) {
+            Ok(text) => {
+                let mut label: Label =
+                    toml::from_str(&text).map_err(|e| VolumeError::BadLabel {
+                        path: label_path.clone(),
+                        message: e.to_string(),
+                    })?;
+                Self::check(dir, &label, size_bytes, devices, raid)?;
+                Self::adopt_missing_devices(dir, &mut label)?;
+                label
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let label = Label {
+                    id: fastrand_id(),
+                    size_bytes,
+                    track_bytes: TRACK_BYTES as u32,
+                    devices,
+                    raid,
+                    degraded: Vec::new(),
+                };
+                write_label(dir, &label).map_err(io)?;
+                label
+            }
+            Err(e) => return Err(io(e)),
+        };
+        Ok(label)
     }
 
     /// Throttle rebuilds to `bytes_per_sec` (0: unthrottled), so client
