@@ -67,6 +67,22 @@ pub struct Connection {
     id: u64,
 }
 
+impl Connection {
+    /// A connection past its handshake, replying on `out` (in-process tests
+    /// of framing).
+    #[cfg(test)]
+    pub(crate) fn for_tests(ctl: Arc<Controller>, out: TcpStream, structured: bool) -> Arc<Self> {
+        Arc::new(Self {
+            ctl,
+            structured,
+            out,
+            outbox: Mutex::new(Outbox::default()),
+            inflight: AtomicU32::new(0),
+            id: 0,
+        })
+    }
+}
+
 impl std::fmt::Debug for Connection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Connection")
@@ -272,7 +288,7 @@ pub fn serve(ctl: Arc<Controller>, stream: TcpStream, id: u64) {
 
 /// Why the reader stopped for a protocol violation.
 #[derive(Debug, thiserror::Error)]
-enum Violation {
+pub(crate) enum Violation {
     #[error("request with a bad magic number")]
     BadMagic,
     #[error("write payload of {0} bytes is over the {DISCARD_PAYLOAD_MAX}-byte limit")]
@@ -323,7 +339,7 @@ fn read_loop(conn: &Arc<Connection>, input: &Mutex<Input<'_>>) -> Result<(), Vio
 
 /// Frame the next request and the NVS slots it needs. `Ok(None)`: the
 /// client disconnected (or sent DISC).
-fn next_request(
+pub(crate) fn next_request(
     conn: &Arc<Connection>,
     r: &mut impl Read,
     raw: &mut [u8; REQUEST_BYTES],

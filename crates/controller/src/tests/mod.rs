@@ -3,3 +3,4 @@
 //! every layer (tests/layers.rs), so they may build what they test.
 
 mod engine;
+mod host;
