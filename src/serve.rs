@@ -152,6 +152,13 @@ fn duration(s: &str) -> Result<std::time::Duration, String> {
 impl ServeArgs {
     /// The configuration: defaults, then the file, then the flags.
     pub fn config(&self) -> anyhow::Result<Config> {
+        let c = self.merged()?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// The defaults, then the file, then the flags, not yet validated.
+    fn merged(&self) -> anyhow::Result<Config> {
         let mut c = match &self.config {
             Some(path) => Config::from_file(path)?,
             None => Config::default(),
@@ -169,6 +176,7 @@ impl ServeArgs {
             cache_size,
             workers,
             policy,
+            idle_spins,
             max_connections,
             connection_threads,
             device_queue_depth,
@@ -229,7 +237,6 @@ impl ServeArgs {
         if let Some(v) = self.device_latency_per_kib_us {
             c.device_latency.per_kib_us = v;
         }
-        c.validate()?;
         Ok(c)
     }
 }
@@ -292,4 +299,88 @@ pub fn run(args: ServeArgs) -> anyhow::Result<std::process::ExitCode> {
     drop(metrics);
     eprintln!("rebound: clean shutdown");
     Ok(std::process::ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{Args, FromArgMatches};
+
+    use super::*;
+
+    /// A value for each `serve` flag that differs from its default. A new
+    /// flag without one here fails the test below.
+    const VALUES: &[(&str, Option<&str>)] = &[
+        ("listen", Some("127.0.0.1:1")),
+        ("data_dir", Some("/tmp/rebound-flags")),
+        ("volume_size", Some("2GiB")),
+        ("devices", Some("3")),
+        ("raid", Some("mirror")),
+        ("rebuild_rate", Some("1M")),
+        ("nvs", Some("/tmp/rebound-flags.nvs")),
+        ("box_path", Some("/tmp/rebound-flags.box")),
+        ("nvs_size", Some("128M")),
+        ("cache_size", Some("64M")),
+        ("workers", Some("3")),
+        ("policy", Some("static")),
+        ("idle_spins", Some("7")),
+        ("metrics", Some("127.0.0.1:2")),
+        ("admin", Some("/tmp/rebound-flags.sock")),
+        ("flush", Some("nvs")),
+        ("direct_io", None),
+        ("max_connections", Some("5")),
+        ("connection_threads", Some("2")),
+        ("device_queue_depth", Some("8")),
+        ("control_blocks", Some("100")),
+        ("output_commit", Some("stall")),
+        ("checkpoint_interval", Some("1.5s")),
+        ("scrub_interval", Some("5s")),
+        ("task_deadline", Some("3s")),
+        ("hung_after", Some("100s")),
+        ("commit_when_idle", Some("false")),
+        ("device_latency_us", Some("5")),
+        ("device_latency_per_kib_us", Some("6")),
+        ("inject", Some("panic cache.read")),
+    ];
+
+    /// Flags that steer the process, not the configuration.
+    const NOT_CONFIGURATION: &[&str] = &["config", "supervise"];
+
+    fn parse(argv: &[String]) -> ServeArgs {
+        let cmd = ServeArgs::augment_args(clap::Command::new("serve").no_binary_name(true));
+        let matches = cmd.try_get_matches_from(argv).expect("parsing the flags");
+        ServeArgs::from_arg_matches(&matches).expect("reading the flags")
+    }
+
+    #[test]
+    fn every_serve_flag_reaches_the_configuration() {
+        let cmd = ServeArgs::augment_args(clap::Command::new("serve"));
+        let default = parse(&[]).merged().unwrap();
+        for arg in cmd.get_arguments() {
+            let id = arg.get_id().as_str();
+            if NOT_CONFIGURATION.contains(&id) || id == "help" {
+                continue;
+            }
+            let Some((_, value)) = VALUES.iter().find(|(name, _)| *name == id) else {
+                panic!("serve flag --{id} has no test value in VALUES");
+            };
+            let long = arg.get_long().expect("every serve flag is long");
+            let mut argv = vec![format!("--{long}")];
+            argv.extend(value.map(str::to_owned));
+            let merged = parse(&argv).merged().expect("merging the flag");
+            assert_ne!(merged, default, "--{long} changes nothing in the configuration");
+        }
+    }
+
+    #[test]
+    fn sizes_and_durations_take_the_one_grammar_in_flags() {
+        let args = parse(&[
+            "--volume-size".into(),
+            "1GiB".into(),
+            "--checkpoint-interval".into(),
+            "1.5s".into(),
+        ]);
+        let c = args.merged().unwrap();
+        assert_eq!(c.volume_size, 1 << 30);
+        assert_eq!(c.checkpoint_interval, Duration::from_millis(1500));
+    }
 }

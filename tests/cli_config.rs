@@ -44,7 +44,8 @@ fn bad_flag_values_are_refused_with_the_setting_named() {
         (vec!["--scrub-interval", "2d"], "unknown unit"),
         (vec!["--checkpoint-interval", "11s"], "checkpoint_interval"),
         (vec!["--task-deadline", "500us"], "task_deadline"),
-        (vec!["--task-deadline", "2h"], "unknown unit"),
+        (vec!["--task-deadline", "2d"], "unknown unit"),
+        (vec!["--task-deadline", "2h"], "task_deadline"),
         (vec!["--hung-after", "1s"], "hung_after"),
         (
             vec!["--task-deadline", "0s", "--hung-after", "5s"],
