@@ -367,7 +367,10 @@ mod tests {
             let mut argv = vec![format!("--{long}")];
             argv.extend(value.map(str::to_owned));
             let merged = parse(&argv).merged().expect("merging the flag");
-            assert_ne!(merged, default, "--{long} changes nothing in the configuration");
+            assert_ne!(
+                merged, default,
+                "--{long} changes nothing in the configuration"
+            );
         }
     }
 
