@@ -56,19 +56,10 @@ pub struct NodeArgs {
     memory: String,
 }
 
-/// Parses `64M`-style sizes (K, M, G: powers of 1024).
-fn parse_size(s: &str) -> anyhow::Result<usize> {
-    let (num, mult) = match s.char_indices().last() {
-        Some((i, 'K' | 'k')) => (&s[..i], 1usize << 10),
-        Some((i, 'M' | 'm')) => (&s[..i], 1 << 20),
-        Some((i, 'G' | 'g')) => (&s[..i], 1 << 30),
-        _ => (s, 1),
-    };
-    let n: usize = num
-        .parse()
-        .map_err(|_| anyhow::anyhow!("--memory {s:?}: want a size such as 64M"))?;
-    n.checked_mul(mult)
-        .ok_or_else(|| anyhow::anyhow!("--memory {s:?}: too large"))
+/// `--memory`, in the one size grammar of every flag (`64M`, `1GiB`).
+fn parse_memory(s: &str) -> anyhow::Result<usize> {
+    let bytes = controller::parse_size(s).map_err(|e| anyhow::anyhow!("--memory: {e}"))?;
+    usize::try_from(bytes).map_err(|_| anyhow::anyhow!("--memory {s:?}: too large"))
 }
 
 /// Serves one storage node until SIGINT or SIGTERM.
@@ -76,7 +67,7 @@ pub fn node(args: NodeArgs) -> anyhow::Result<ExitCode> {
     if !smartstore::node::keep_heap_warm() {
         tracing::warn!("mallopt refused the heap thresholds; node runs with glibc's defaults");
     }
-    let memory = parse_size(&args.memory)?;
+    let memory = parse_memory(&args.memory)?;
     let node = smartstore::node::Node::open(&args.dir, args.device_model.model(), memory)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
