@@ -182,6 +182,13 @@ impl ServeArgs {
             device_queue_depth,
             control_blocks
         );
+        self.set_choices(&mut c)?;
+        self.set_optional(&mut c);
+        Ok(c)
+    }
+
+    /// The flags that choose among named values (paths, layouts, schemes).
+    fn set_choices(&self, c: &mut Config) -> anyhow::Result<()> {
         if let Some(v) = &self.nvs {
             c.nvs = Some(v.clone());
         }
@@ -196,6 +203,11 @@ impl ServeArgs {
                     .map_err(|e| anyhow::anyhow!("invalid setting output_commit: {e}"))?,
             );
         }
+        Ok(())
+    }
+
+    /// The flags whose absence keeps the file's or the default value.
+    fn set_optional(&self, c: &mut Config) {
         if let Some(v) = self.checkpoint_interval {
             c.checkpoint_interval = v;
         }
@@ -237,7 +249,6 @@ impl ServeArgs {
         if let Some(v) = self.device_latency_per_kib_us {
             c.device_latency.per_kib_us = v;
         }
-        Ok(c)
     }
 }
 
