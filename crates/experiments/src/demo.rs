@@ -28,7 +28,7 @@ use anyhow::Context;
 use clap::Args;
 use parking_lot::Mutex;
 
-use crate::harness::{ServeCommand, ServerFiles};
+use crate::harness::{ServeCommand, Server, ServerFiles};
 use crate::nbd_client::NbdClient;
 use crate::report::{Table, thousands};
 
@@ -154,13 +154,75 @@ fn rung_count(status: &str, rung: &str) -> u64 {
     crate::harness::rung_count(status, rung).unwrap_or(0)
 }
 
+/// One fault of the demo.
+#[derive(Debug)]
+struct Phase {
+    /// Seconds from the start.
+    at: u64,
+    rung: &'static str,
+    fault: &'static str,
+    /// The admin requests that inject it.
+    requests: &'static [&'static str],
+}
+
+const PHASES: [Phase; 7] = [
+    Phase {
+        at: 3,
+        rung: "1 task",
+        fault: "panics in cache.read and inside cache.apply, failures in nvs.write",
+        requests: &[
+            "inject panic cache.read rate=0.02 count=100",
+            "inject fail nvs.write rate=0.02 count=100",
+            "inject panic cache.apply.track rate=0.02 count=20",
+        ],
+    },
+    Phase {
+        at: 6,
+        rung: "2 group",
+        fault: "group faults in cache (1 in 1,000 dispatches, 20 ms)",
+        requests: &["inject group-fault cache rate=0.001 duration=20ms"],
+    },
+    Phase {
+        at: 8,
+        rung: "3 rollback",
+        fault: "rollback to the last checkpoint on request",
+        requests: &["inject clear", "inject rollback"],
+    },
+    Phase {
+        at: 9,
+        rung: "4 system",
+        fault: "in-process system recovery on request",
+        requests: &["inject system"],
+    },
+    Phase {
+        at: 10,
+        rung: "5 fast restart",
+        fault: "the process aborts",
+        requests: &["inject crash"],
+    },
+    Phase {
+        at: 14,
+        rung: "6 hard restart",
+        fault: "recovery box invalidated, process aborts",
+        requests: &["inject crash-damaged-box"],
+    },
+    Phase {
+        at: 17,
+        rung: "7 reconstruct",
+        fault: "device 1 lost; served around, rebuilt",
+        requests: &["inject lose-device 1"],
+    },
+];
+
+/// Seconds the demo runs.
+const END_S: u64 = 20;
+
 /// Run the demo.
 pub fn run(args: DemoArgs) -> anyhow::Result<std::process::ExitCode> {
     let dir = crate::harness::scratch_dir()?;
     let port = crate::harness::free_port()?;
     let addr = format!("127.0.0.1:{port}");
     let files = ServerFiles::under(dir.path());
-    let admin_path = files.admin_socket();
     let server = ServeCommand::new(std::env::current_exe()?, &files)
         .args(["--supervise"])
         .flag("--listen", &addr)
@@ -176,7 +238,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<std::process::ExitCode> {
         .context("starting rebound serve --supervise")?;
     println!(
         "rebound demo: server (supervised) on nbd://{addr}/, admin {}",
-        admin_path.display()
+        files.admin_socket().display()
     );
     println!("a client writes and verifies 4 KiB blocks; one fault per rung follows\n");
 
@@ -191,152 +253,14 @@ pub fn run(args: DemoArgs) -> anyhow::Result<std::process::ExitCode> {
         let (load, addr) = (Arc::clone(&load), addr.clone());
         std::thread::spawn(move || run_load(&addr, &load))
     };
-
-    struct Phase {
-        at: u64,
-        rung: &'static str,
-        fault: &'static str,
-        requests: &'static [&'static str],
-    }
-    let phases = [
-        Phase {
-            at: 3,
-            rung: "1 task",
-            fault: "panics in cache.read and inside cache.apply, failures in nvs.write",
-            requests: &[
-                "inject panic cache.read rate=0.02 count=100",
-                "inject fail nvs.write rate=0.02 count=100",
-                "inject panic cache.apply.track rate=0.02 count=20",
-            ],
-        },
-        Phase {
-            at: 6,
-            rung: "2 group",
-            fault: "group faults in cache (1 in 1,000 dispatches, 20 ms)",
-            requests: &["inject group-fault cache rate=0.001 duration=20ms"],
-        },
-        Phase {
-            at: 8,
-            rung: "3 rollback",
-            fault: "rollback to the last checkpoint on request",
-            requests: &["inject clear", "inject rollback"],
-        },
-        Phase {
-            at: 9,
-            rung: "4 system",
-            fault: "in-process system recovery on request",
-            requests: &["inject system"],
-        },
-        Phase {
-            at: 10,
-            rung: "5 fast restart",
-            fault: "the process aborts",
-            requests: &["inject crash"],
-        },
-        Phase {
-            at: 14,
-            rung: "6 hard restart",
-            fault: "recovery box invalidated, process aborts",
-            requests: &["inject crash-damaged-box"],
-        },
-        Phase {
-            at: 17,
-            rung: "7 reconstruct",
-            fault: "device 1 lost; served around, rebuilt",
-            requests: &["inject lose-device 1"],
-        },
-    ];
-    let end = 20;
-    let start = Instant::now();
-    let mut last_ops = 0;
-    let mut rows: Vec<(String, String, u64)> = Vec::new();
-    let mut counted_before_crash = String::new();
-    let mut current: Option<usize> = None;
-    for second in 1..=end {
-        let target = start + Duration::from_secs(second);
-        // Phases due within this second.
-        for (i, p) in phases.iter().enumerate() {
-            if p.at == second - 1 {
-                if p.rung.starts_with('5') {
-                    counted_before_crash = server.admin("status").unwrap_or_default();
-                }
-                if let Some(c) = current.take() {
-                    rows.push((
-                        phases[c].rung.into(),
-                        phases[c].fault.into(),
-                        load.longest_us.swap(0, Ordering::Relaxed),
-                    ));
-                }
-                load.longest_us.store(0, Ordering::Relaxed);
-                for r in p.requests {
-                    // A crash request may lose its answer with the process.
-                    let _ = server.admin(r);
-                }
-                if !p.rung.is_empty() {
-                    current = Some(i);
-                }
-            }
-        }
-        std::thread::sleep(target.saturating_duration_since(Instant::now()));
-        let ops = load.ops.load(Ordering::Relaxed);
-        let note = current.map_or(String::new(), |c| {
-            format!("  [rung {}: {}]", phases[c].rung, phases[c].fault)
-        });
-        println!(
-            "{second:>4} s {:>10} ops/s{note}",
-            thousands((ops - last_ops) as f64)
-        );
-        last_ops = ops;
-    }
-    if let Some(c) = current.take() {
-        rows.push((
-            phases[c].rung.into(),
-            phases[c].fault.into(),
-            load.longest_us.swap(0, Ordering::Relaxed),
-        ));
-    }
+    let (rows, counted_before_crash) = run_phases(&server, &load);
     load.stop.store(true, Ordering::Relaxed);
     client
         .join()
         .map_err(|_| anyhow::anyhow!("the client thread panicked"))?;
     let lost = verify(&addr, &load)?;
     let after = server.admin("status").unwrap_or_default();
-
-    let mut table = Table::new(&[
-        "rung",
-        "fault",
-        "recoveries",
-        "longest client wait",
-        "acknowledged writes lost",
-    ]);
-    for (rung, fault, longest) in &rows {
-        let count = match rung.split_whitespace().next() {
-            Some("1") => rung_count(&counted_before_crash, "task"),
-            Some("2") => rung_count(&counted_before_crash, "group"),
-            Some("3") => rung_count(&counted_before_crash, "rollback"),
-            Some("4") => rung_count(&counted_before_crash, "system"),
-            Some("5") => 1,
-            Some("6") => rung_count(&after, "hard-restart"),
-            // The loss and the end of its rebuild.
-            Some("7") => rung_count(&after, "reconstruct"),
-            _ => 0,
-        };
-        table.row(vec![
-            rung.clone(),
-            fault.clone(),
-            count.to_string(),
-            format!("{:.1} ms", *longest as f64 / 1000.0),
-            "-".into(),
-        ]);
-    }
-    table.row(vec![
-        "all".into(),
-        format!("{} tracks read back", TRACKS),
-        "".into(),
-        "".into(),
-        lost.to_string(),
-    ]);
-    println!("\n{}", table.render());
+    print_table(&rows, &counted_before_crash, &after, lost);
     println!(
         "{} requests served; {} reads returned data never written or older than acknowledged",
         thousands(load.ops.load(Ordering::Relaxed) as f64),
@@ -353,4 +277,91 @@ pub fn run(args: DemoArgs) -> anyhow::Result<std::process::ExitCode> {
     } else {
         std::process::ExitCode::FAILURE
     })
+}
+
+/// Inject each phase's fault at its time, printing the client's
+/// throughput every second: per phase, the client's longest wait for one
+/// request (µs) while it was current; and the server's status just before
+/// the first crash (the counts of rungs 1 to 4 die with the process).
+fn run_phases(server: &Server, load: &Load) -> (Vec<(&'static Phase, u64)>, String) {
+    let start = Instant::now();
+    let mut last_ops = 0;
+    let mut rows = Vec::new();
+    let mut counted_before_crash = String::new();
+    let mut current: Option<&'static Phase> = None;
+    for second in 1..=END_S {
+        let target = start + Duration::from_secs(second);
+        // Phases due within this second.
+        for p in PHASES.iter().filter(|p| p.at == second - 1) {
+            if p.rung.starts_with('5') {
+                counted_before_crash = server.admin("status").unwrap_or_default();
+            }
+            if let Some(c) = current.take() {
+                rows.push((c, load.longest_us.swap(0, Ordering::Relaxed)));
+            }
+            load.longest_us.store(0, Ordering::Relaxed);
+            for r in p.requests {
+                // A crash request may lose its answer with the process.
+                let _ = server.admin(r);
+            }
+            if !p.rung.is_empty() {
+                current = Some(p);
+            }
+        }
+        std::thread::sleep(target.saturating_duration_since(Instant::now()));
+        let ops = load.ops.load(Ordering::Relaxed);
+        let note = current.map_or(String::new(), |c| {
+            format!("  [rung {}: {}]", c.rung, c.fault)
+        });
+        println!(
+            "{second:>4} s {:>10} ops/s{note}",
+            thousands((ops - last_ops) as f64)
+        );
+        last_ops = ops;
+    }
+    if let Some(c) = current.take() {
+        rows.push((c, load.longest_us.swap(0, Ordering::Relaxed)));
+    }
+    (rows, counted_before_crash)
+}
+
+/// Per rung, the recoveries the server counted (rungs 1 to 4 from the
+/// status before the first crash) and the client's longest wait; the
+/// acknowledged writes lost.
+fn print_table(rows: &[(&Phase, u64)], before: &str, after: &str, lost: u64) {
+    let mut table = Table::new(&[
+        "rung",
+        "fault",
+        "recoveries",
+        "longest client wait",
+        "acknowledged writes lost",
+    ]);
+    for (phase, longest) in rows {
+        let count = match phase.rung.split_whitespace().next() {
+            Some("1") => rung_count(before, "task"),
+            Some("2") => rung_count(before, "group"),
+            Some("3") => rung_count(before, "rollback"),
+            Some("4") => rung_count(before, "system"),
+            Some("5") => 1,
+            Some("6") => rung_count(after, "hard-restart"),
+            // The loss and the end of its rebuild.
+            Some("7") => rung_count(after, "reconstruct"),
+            _ => 0,
+        };
+        table.row(vec![
+            phase.rung.to_owned(),
+            phase.fault.to_owned(),
+            count.to_string(),
+            format!("{:.1} ms", *longest as f64 / 1000.0),
+            "-".into(),
+        ]);
+    }
+    table.row(vec![
+        "all".into(),
+        format!("{} tracks read back", TRACKS),
+        "".into(),
+        "".into(),
+        lost.to_string(),
+    ]);
+    println!("\n{}", table.render());
 }

@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use anyhow::Context;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 pub use texttable::{Table, thousands};
 
@@ -93,94 +94,118 @@ fn draw_bars(path: &Path, title: &str, panels: &[BarPanel], bars: Bars) -> anyho
     let (head, body) = root.split_vertically(40);
     head.titled(title, ("sans-serif", 24))?;
     let areas = body.split_evenly((1, panels.len()));
-    let palette = PALETTE;
     for (area, panel) in areas.iter().zip(panels) {
-        let n_cat = panel.categories.len();
-        let n_ser = panel.series.len().max(1);
-        let tallest = match bars {
-            Bars::Grouped => panel
-                .series
-                .iter()
-                .flat_map(|(_, v)| v.iter().copied())
-                .fold(0.0f64, f64::max),
-            Bars::Stacked => (0..n_cat)
-                .map(|c| panel.series.iter().map(|(_, v)| v[c]).sum::<f64>())
-                .fold(0.0f64, f64::max),
-        };
-        // Headroom for the legend in the upper right.
-        let max = tallest * 1.35;
-        let mut chart = ChartBuilder::on(area)
-            .caption(&panel.title, ("sans-serif", 20))
-            .margin(12)
-            .x_label_area_size(50)
-            .y_label_area_size(80)
-            .build_cartesian_2d(0f64..n_cat as f64, 0f64..max.max(1e-9))?;
-        let cats = panel.categories.clone();
-        chart
-            .configure_mesh()
-            .disable_x_mesh()
-            .x_labels(n_cat * 2 + 1)
-            .x_label_formatter(&|x| {
-                let i = x.floor() as usize;
-                if (x - x.floor() - 0.5).abs() < 1e-6 && i < cats.len() {
-                    cats[i].clone()
-                } else {
-                    String::new()
-                }
-            })
-            .y_label_formatter(&|v| {
-                if *v >= 1000.0 {
-                    thousands(v.round())
-                } else if v.fract() == 0.0 {
-                    format!("{v:.0}")
-                } else if max < 10.0 {
-                    format!("{v:.2}")
-                } else {
-                    format!("{v:.1}")
-                }
-            })
-            .y_desc(panel.y_label.as_str())
-            .label_style(("sans-serif", 14))
-            .draw()?;
-        let bar_w = 0.8 / n_ser as f64;
-        let mut base = vec![0.0; n_cat];
-        for (s, (name, values)) in panel.series.iter().enumerate() {
-            let color = palette[s % palette.len()];
-            let rects: Vec<_> = values
-                .iter()
-                .enumerate()
-                .map(|(c, &v)| match bars {
-                    Bars::Grouped => {
-                        let x0 = c as f64 + 0.1 + s as f64 * bar_w;
-                        Rectangle::new([(x0, 0.0), (x0 + bar_w * 0.95, v)], color.filled())
-                    }
-                    Bars::Stacked => {
-                        let r = Rectangle::new(
-                            [(c as f64 + 0.15, base[c]), (c as f64 + 0.85, base[c] + v)],
-                            color.filled(),
-                        );
-                        base[c] += v;
-                        r
-                    }
-                })
-                .collect();
-            chart
-                .draw_series(rects)?
-                .label(name.as_str())
-                .legend(move |(x, y)| {
-                    Rectangle::new([(x, y - 6), (x + 14, y + 6)], color.filled())
-                });
-        }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .border_style(BLACK)
-            .background_style(WHITE.mix(0.85))
-            .label_font(("sans-serif", 14))
-            .draw()?;
+        draw_panel(area, panel, bars)?;
     }
     root.present()
         .with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
+/// The highest bar of a panel: the largest value, or the largest stack.
+fn tallest(panel: &BarPanel, bars: Bars) -> f64 {
+    match bars {
+        Bars::Grouped => panel
+            .series
+            .iter()
+            .flat_map(|(_, v)| v.iter().copied())
+            .fold(0.0f64, f64::max),
+        Bars::Stacked => (0..panel.categories.len())
+            .map(|c| panel.series.iter().map(|(_, v)| v[c]).sum::<f64>())
+            .fold(0.0f64, f64::max),
+    }
+}
+
+/// A y-axis label: thousands separators from 1,000, fewer decimals the
+/// larger the axis.
+fn axis_value(v: f64, max: f64) -> String {
+    if v >= 1000.0 {
+        thousands(v.round())
+    } else if v.fract() == 0.0 {
+        format!("{v:.0}")
+    } else if max < 10.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.1}")
+    }
+}
+
+/// One panel: axes, a category label under each group of bars, the bars
+/// and the legend.
+fn draw_panel(
+    area: &DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>,
+    panel: &BarPanel,
+    bars: Bars,
+) -> anyhow::Result<()> {
+    let n_cat = panel.categories.len();
+    let n_ser = panel.series.len().max(1);
+    // Headroom for the legend in the upper right.
+    let max = tallest(panel, bars) * 1.35;
+    let mut chart = ChartBuilder::on(area)
+        .caption(&panel.title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(50)
+        .y_label_area_size(80)
+        .build_cartesian_2d(0f64..n_cat as f64, 0f64..max.max(1e-9))?;
+    let cats = panel.categories.clone();
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(n_cat * 2 + 1)
+        .x_label_formatter(&|x| {
+            let i = x.floor() as usize;
+            if (x - x.floor() - 0.5).abs() < 1e-6 && i < cats.len() {
+                cats[i].clone()
+            } else {
+                String::new()
+            }
+        })
+        .y_label_formatter(&|v| axis_value(*v, max))
+        .y_desc(panel.y_label.as_str())
+        .label_style(("sans-serif", 14))
+        .draw()?;
+    let bar_w = 0.8 / n_ser as f64;
+    let mut base = vec![0.0; n_cat];
+    for (s, (name, values)) in panel.series.iter().enumerate() {
+        let color = PALETTE[s % PALETTE.len()];
+        let rects: Vec<_> = values
+            .iter()
+            .enumerate()
+            .map(|(c, &v)| match bars {
+                Bars::Grouped => {
+                    let x0 = c as f64 + 0.1 + s as f64 * bar_w;
+                    Rectangle::new([(x0, 0.0), (x0 + bar_w * 0.95, v)], color.filled())
+                }
+                Bars::Stacked => {
+                    let r = Rectangle::new(
+                        [(c as f64 + 0.15, base[c]), (c as f64 + 0.85, base[c] + v)],
+                        color.filled(),
+                    );
+                    base[c] += v;
+                    r
+                }
+            })
+            .collect();
+        chart
+            .draw_series(rects)?
+            .label(name.as_str())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], color.filled()));
+    }
+    draw_legend(&mut chart)?;
+    Ok(())
+}
+
+/// The legend of a plot: a box in the upper right.
+fn draw_legend<'a: 'b, 'b>(
+    chart: &mut ChartContext<'b, BitMapBackend<'a>, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+) -> anyhow::Result<()> {
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.85))
+        .label_font(("sans-serif", 14))
+        .draw()?;
     Ok(())
 }
 
@@ -245,13 +270,7 @@ pub fn line_chart_png(
                 PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
             });
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .border_style(BLACK)
-        .background_style(WHITE.mix(0.85))
-        .label_font(("sans-serif", 14))
-        .draw()?;
+    draw_legend(&mut chart)?;
     root.present()
         .with_context(|| format!("writing {}", path.display()))?;
     Ok(())

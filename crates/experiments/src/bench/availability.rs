@@ -156,6 +156,16 @@ pub(super) fn mean(v: impl Iterator<Item = f64>) -> f64 {
     if n == 0 { 0.0 } else { s / f64::from(n) }
 }
 
+/// `part` as a percentage of `whole` (0 when either is not a number to
+/// divide).
+fn percent_of(part: f64, whole: f64) -> f64 {
+    if whole > 0.0 && part.is_finite() {
+        100.0 * part / whole
+    } else {
+        0.0
+    }
+}
+
 /// The good-path mean of the 100 ms intervals before the fault (0.3 s
 /// trimmed at both ends), and the worst of them (the host's own noise).
 fn baseline(series: &[(f64, f64)], fault_at: f64) -> (f64, f64) {
@@ -214,16 +224,8 @@ fn injected_case(
         rung,
         series,
         good,
-        noise_pct: if good > 0.0 && noise.is_finite() {
-            100.0 * noise / good
-        } else {
-            0.0
-        },
-        worst_pct: if good > 0.0 && worst.is_finite() {
-            100.0 * worst / good
-        } else {
-            0.0
-        },
+        noise_pct: percent_of(noise, good),
+        worst_pct: percent_of(worst, good),
         below_half: Duration::from_millis(100 * below as u64),
         restart: None,
         recovery,
@@ -290,11 +292,7 @@ fn kill_case(
         rung,
         series,
         good,
-        noise_pct: if good > 0.0 && noise.is_finite() {
-            100.0 * noise / good
-        } else {
-            0.0
-        },
+        noise_pct: percent_of(noise, good),
         worst_pct: 0.0,
         below_half: restart,
         restart: Some((restart, how)),
@@ -329,6 +327,44 @@ fn full_scan_per_gib(work: &Path) -> anyhow::Result<(Duration, u32)> {
     Ok((Duration::from_secs_f64(per_gib), slots))
 }
 
+/// What a case does to the server.
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    /// These admin requests, held for the fault window.
+    Inject(&'static [&'static str]),
+    /// kill -9 mid-load (and the recovery box deleted), then start again.
+    Kill { damage_box: bool },
+}
+
+/// The cases: name, rung, fault.
+const CASES: [(&str, &str, Fault); 5] = [
+    (
+        "task fault",
+        "1 (redrive)",
+        Fault::Inject(&["inject panic cache.read rate=0.001 count=unlimited"]),
+    ),
+    (
+        "group fault",
+        "2 (group recovery)",
+        Fault::Inject(&["inject group-fault cache rate=0.0001 duration=20ms"]),
+    ),
+    (
+        "system recovery",
+        "4 (in-process)",
+        Fault::Inject(&["inject system"]),
+    ),
+    (
+        "kill -9",
+        "5 (fast restart)",
+        Fault::Kill { damage_box: false },
+    ),
+    (
+        "kill -9, box deleted",
+        "6 (hard restart)",
+        Fault::Kill { damage_box: true },
+    ),
+];
+
 /// Run the experiment.
 pub fn run(args: AvailabilityArgs) -> anyhow::Result<std::process::ExitCode> {
     let quick = args.common.quick;
@@ -347,127 +383,20 @@ pub fn run(args: AvailabilityArgs) -> anyhow::Result<std::process::ExitCode> {
     };
     let work = crate::harness::scratch_dir()?;
     let port = crate::harness::free_port()?;
-    let bar = crate::report::progress(5, "cases");
+    let bar = crate::report::progress(CASES.len() as u64, "cases");
     let mut results = Vec::new();
-    bar.set_message("rung 1");
-    results.push(injected_case(
-        "task fault",
-        "1 (redrive)",
-        &["inject panic cache.read rate=0.001 count=unlimited"],
-        t,
-        work.path(),
-        port,
-    )?);
-    bar.inc(1);
-    bar.set_message("rung 2");
-    results.push(injected_case(
-        "group fault",
-        "2 (group recovery)",
-        &["inject group-fault cache rate=0.0001 duration=20ms"],
-        t,
-        work.path(),
-        port,
-    )?);
-    bar.inc(1);
-    bar.set_message("rung 4");
-    results.push(injected_case(
-        "system recovery",
-        "4 (in-process)",
-        &["inject system"],
-        t,
-        work.path(),
-        port,
-    )?);
-    bar.inc(1);
-    bar.set_message("rung 5");
-    results.push(kill_case(
-        "kill -9",
-        "5 (fast restart)",
-        false,
-        t,
-        work.path(),
-        port,
-    )?);
-    bar.inc(1);
-    bar.set_message("rung 6");
-    results.push(kill_case(
-        "kill -9, box deleted",
-        "6 (hard restart)",
-        true,
-        t,
-        work.path(),
-        port,
-    )?);
-    bar.inc(1);
+    for (name, rung, fault) in CASES {
+        let number = rung.split(' ').next().unwrap_or(rung);
+        bar.set_message(format!("rung {number}"));
+        results.push(match fault {
+            Fault::Inject(requests) => injected_case(name, rung, requests, t, work.path(), port)?,
+            Fault::Kill { damage_box } => kill_case(name, rung, damage_box, t, work.path(), port)?,
+        });
+        bar.inc(1);
+    }
     bar.finish_and_clear();
     let (scan_per_gib, scanned_slots) = full_scan_per_gib(work.path())?;
-
-    let mut table = Table::new(&[
-        "case",
-        "rung",
-        "good-path IOPS",
-        "worst 100 ms, no fault",
-        "worst 100 ms",
-        "time < 50%",
-        "restart",
-        "target",
-        "met",
-    ]);
-    for r in &results {
-        let (restart, target, met) = match (&r.restart, r.rung.starts_with('5')) {
-            (Some((d, _)), true) => (
-                format!("{:.0} ms", d.as_secs_f64() * 1e3),
-                "back within 200 ms".to_owned(),
-                if *d <= Duration::from_millis(200) {
-                    "yes"
-                } else {
-                    "no"
-                }
-                .to_owned(),
-            ),
-            (Some((d, _)), false) => (
-                format!("{:.0} ms", d.as_secs_f64() * 1e3),
-                "bounded by the NVS scan".to_owned(),
-                format!(
-                    "full scan {:.0} ms per GiB",
-                    scan_per_gib.as_secs_f64() * 1e3
-                ),
-            ),
-            (None, _) => match r.recovery {
-                Some(d) => (
-                    format!("{:.1} ms in process", d.as_secs_f64() * 1e3),
-                    "back within 200 ms".to_owned(),
-                    if d <= Duration::from_millis(200) {
-                        "yes"
-                    } else {
-                        "no"
-                    }
-                    .to_owned(),
-                ),
-                None => (
-                    "-".to_owned(),
-                    "no 100 ms under 50%".to_owned(),
-                    if r.below_half.is_zero() { "yes" } else { "no" }.to_owned(),
-                ),
-            },
-        };
-        table.row(vec![
-            r.name.to_owned(),
-            r.rung.to_owned(),
-            thousands(r.good.round()),
-            format!("{:.0}%", r.noise_pct),
-            if r.restart.is_some() {
-                "0% (down)".to_owned()
-            } else {
-                format!("{:.0}%", r.worst_pct)
-            },
-            format!("{:.1} s", r.below_half.as_secs_f64()),
-            restart,
-            target,
-            met,
-        ]);
-    }
-    println!("{}", table.render());
+    print_table(&results, scan_per_gib);
     for r in &results {
         if let Some((_, how)) = &r.restart {
             println!("{}: the restarted server reported: {how}", r.name);
@@ -495,6 +424,79 @@ pub fn run(args: AvailabilityArgs) -> anyhow::Result<std::process::ExitCode> {
         println!("plot: {}", png.display());
     }
     Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// A case's restart (or in-process recovery) time, its target, and whether
+/// it met it.
+fn verdict(r: &CaseResult, scan_per_gib: Duration) -> (String, String, String) {
+    let within_200ms = |d: Duration| {
+        if d <= Duration::from_millis(200) {
+            "yes"
+        } else {
+            "no"
+        }
+    };
+    match (&r.restart, r.rung.starts_with('5')) {
+        (Some((d, _)), true) => (
+            format!("{:.0} ms", d.as_secs_f64() * 1e3),
+            "back within 200 ms".to_owned(),
+            within_200ms(*d).to_owned(),
+        ),
+        (Some((d, _)), false) => (
+            format!("{:.0} ms", d.as_secs_f64() * 1e3),
+            "bounded by the NVS scan".to_owned(),
+            format!(
+                "full scan {:.0} ms per GiB",
+                scan_per_gib.as_secs_f64() * 1e3
+            ),
+        ),
+        (None, _) => match r.recovery {
+            Some(d) => (
+                format!("{:.1} ms in process", d.as_secs_f64() * 1e3),
+                "back within 200 ms".to_owned(),
+                within_200ms(d).to_owned(),
+            ),
+            None => (
+                "-".to_owned(),
+                "no 100 ms under 50%".to_owned(),
+                if r.below_half.is_zero() { "yes" } else { "no" }.to_owned(),
+            ),
+        },
+    }
+}
+
+/// The table of every case.
+fn print_table(results: &[CaseResult], scan_per_gib: Duration) {
+    let mut table = Table::new(&[
+        "case",
+        "rung",
+        "good-path IOPS",
+        "worst 100 ms, no fault",
+        "worst 100 ms",
+        "time < 50%",
+        "restart",
+        "target",
+        "met",
+    ]);
+    for r in results {
+        let (restart, target, met) = verdict(r, scan_per_gib);
+        table.row(vec![
+            r.name.to_owned(),
+            r.rung.to_owned(),
+            thousands(r.good.round()),
+            format!("{:.0}%", r.noise_pct),
+            if r.restart.is_some() {
+                "0% (down)".to_owned()
+            } else {
+                format!("{:.0}%", r.worst_pct)
+            },
+            format!("{:.1} s", r.below_half.as_secs_f64()),
+            restart,
+            target,
+            met,
+        ]);
+    }
+    println!("{}", table.render());
 }
 
 #[cfg(test)]

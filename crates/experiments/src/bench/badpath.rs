@@ -256,6 +256,34 @@ pub fn run(args: BadPathArgs) -> anyhow::Result<std::process::ExitCode> {
     report(&args, &runs, &paths, rounds, runtime, shape)
 }
 
+/// Every run's sample, `[policy][path][round]`.
+#[derive(Debug, Clone, Copy)]
+struct Runs<'a>(&'a [Vec<Vec<Sample>>]);
+
+impl Runs<'_> {
+    /// The median of `f` over the rounds of policy `p` on path `b`.
+    fn med(self, p: usize, b: usize, f: fn(&Sample) -> f64) -> f64 {
+        median(self.0[p][b].iter().map(f).collect())
+    }
+
+    /// Per round, dynamic (index 1) against performance (index 0).
+    fn per_round(self, b: usize, f: fn(&Sample, &Sample) -> f64) -> Vec<f64> {
+        self.0[1][b]
+            .iter()
+            .zip(&self.0[0][b])
+            .map(|(d, p)| f(d, p))
+            .collect()
+    }
+
+    fn iops_ratios(self, b: usize) -> Vec<f64> {
+        self.per_round(b, |d, p| d.iops / p.iops)
+    }
+
+    fn latency_changes(self, b: usize) -> Vec<f64> {
+        self.per_round(b, |d, p| d.mean_us / p.mean_us - 1.0)
+    }
+}
+
 /// Print the table and the verdicts; write the plot (full runs).
 fn report(
     args: &BadPathArgs,
@@ -265,18 +293,32 @@ fn report(
     runtime: u32,
     shape: Shape,
 ) -> anyhow::Result<std::process::ExitCode> {
-    let med =
-        |p: usize, b: usize, f: fn(&Sample) -> f64| median(runs[p][b].iter().map(f).collect());
-    // Per round, dynamic (index 1) against performance (index 0).
-    let per_round = |b: usize, f: fn(&Sample, &Sample) -> f64| -> Vec<f64> {
-        runs[1][b]
-            .iter()
-            .zip(&runs[0][b])
-            .map(|(d, p)| f(d, p))
-            .collect()
-    };
-    let iops_ratios = |b: usize| per_round(b, |d, p| d.iops / p.iops);
-    let latency_changes = |b: usize| per_round(b, |d, p| d.mean_us / p.mean_us - 1.0);
+    let r = Runs(runs);
+    print_table(r, paths);
+    print_verdicts(r, paths);
+    println!(
+        "({rounds} paired round(s) of {runtime} s per cell: medians, and the range of the per-round ratios in brackets; server workers {}, {} fio connection(s) at QD32; {} cores here; faults: 1 per 10,000 dispatches of the group, {RECOVERY_MS} ms each; processors held per recovery: the emulated recovery time the group's tasks held, per recovery, in units of {RECOVERY_MS} ms; paper: +16.3% throughput, -22.9% mean latency, on 4- and 8-way machines)",
+        if shape.workers == 0 {
+            "one per core".to_owned()
+        } else {
+            shape.workers.to_string()
+        },
+        shape.connections,
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    );
+    if !args.common.quick {
+        let csv = args.common.out.join("badpath.csv");
+        write_csv(&csv, runs, paths)?;
+        println!("per-round samples: {}", csv.display());
+        let png = args.common.out.join("badpath.png");
+        plot(&png, r, paths)?;
+        println!("plot: {}", png.display());
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// The table: per policy and path, medians and the ratios to performance.
+fn print_table(r: Runs<'_>, paths: &[Option<&str>]) {
     let mut table = Table::new(&[
         "policy",
         "path",
@@ -293,22 +335,22 @@ fn report(
                 ("1.000x".to_owned(), "+0.0%".to_owned())
             } else {
                 (
-                    ratio_cell(&iops_ratios(b), |r| format!("{r:.3}x")),
-                    ratio_cell(&latency_changes(b), |r| format!("{:+.1}%", 100.0 * r)),
+                    ratio_cell(&r.iops_ratios(b), |x| format!("{x:.3}x")),
+                    ratio_cell(&r.latency_changes(b), |x| format!("{:+.1}%", 100.0 * x)),
                 )
             };
             let (faults, held) = match path {
                 None => ("-".to_owned(), "-".to_owned()),
                 Some(_) => (
-                    format!("{:.1}", med(p, b, |s| s.faults_per_s)),
-                    format!("{:.2}", med(p, b, |s| s.held_per_recovery)),
+                    format!("{:.1}", r.med(p, b, |s| s.faults_per_s)),
+                    format!("{:.2}", r.med(p, b, |s| s.held_per_recovery)),
                 ),
             };
             table.row(vec![
                 (*policy).to_owned(),
                 label(*path),
-                thousands(med(p, b, |s| s.iops).round()),
-                format!("{:.0}", med(p, b, |s| s.mean_us)),
+                thousands(r.med(p, b, |s| s.iops).round()),
+                format!("{:.0}", r.med(p, b, |s| s.mean_us)),
                 vs_iops,
                 vs_lat,
                 faults,
@@ -317,18 +359,23 @@ fn report(
         }
     }
     println!("{}", table.render());
-    let good = median(iops_ratios(0));
+}
+
+/// Dynamic against performance per path, against the paper's targets and
+/// the ceiling its model allows here.
+fn print_verdicts(r: Runs<'_>, paths: &[Option<&str>]) {
+    let good = median(r.iops_ratios(0));
     println!(
         "dynamic vs performance, good path: {good:.3}x (target: no worse than 0.98x: {})",
         if good >= 0.98 { "met" } else { "missed" },
     );
     for (b, path) in paths.iter().enumerate().skip(1) {
-        let bad = median(iops_ratios(b));
-        let lat = median(latency_changes(b));
+        let bad = median(r.iops_ratios(b));
+        let lat = median(r.latency_changes(b));
         // The most dynamic can gain here: recoveries occupy a fraction x of
         // the time and hold W processors under performance, 1 under dynamic.
-        let x = med(0, b, |s| s.faults_per_s) * RECOVERY_MS / 1000.0;
-        let held = med(0, b, |s| s.held_per_recovery).max(1.0);
+        let x = r.med(0, b, |s| s.faults_per_s) * RECOVERY_MS / 1000.0;
+        let held = r.med(0, b, |s| s.held_per_recovery).max(1.0);
         println!(
             "ceiling by the paper's model, faults in {}: recoveries take {:.1}% of the time and hold {held:.2} processors under performance: at most {:.3}x for dynamic (target needs 1.16x: on a host with about 8 processors, as the paper's)",
             path.unwrap_or("?"),
@@ -343,63 +390,50 @@ fn report(
             if lat <= -0.20 { "met" } else { "missed" },
         );
     }
-    println!(
-        "({rounds} paired round(s) of {runtime} s per cell: medians, and the range of the per-round ratios in brackets; server workers {}, {} fio connection(s) at QD32; {} cores here; faults: 1 per 10,000 dispatches of the group, {RECOVERY_MS} ms each; processors held per recovery: the emulated recovery time the group's tasks held, per recovery, in units of {RECOVERY_MS} ms; paper: +16.3% throughput, -22.9% mean latency, on 4- and 8-way machines)",
-        if shape.workers == 0 {
-            "one per core".to_owned()
-        } else {
-            shape.workers.to_string()
-        },
-        shape.connections,
-        std::thread::available_parallelism().map_or(1, |n| n.get())
-    );
-    if !args.common.quick {
-        let csv = args.common.out.join("badpath.csv");
-        write_csv(&csv, runs, paths)?;
-        println!("per-round samples: {}", csv.display());
-        let png = args.common.out.join("badpath.png");
-        // Paths from index `first` on (1: the bad paths only).
-        let categories =
-            |first: usize| -> Vec<String> { paths[first..].iter().map(|p| label(*p)).collect() };
-        let series = |first: usize, f: fn(&Sample) -> f64| -> Vec<(String, Vec<f64>)> {
-            POLICIES
-                .iter()
-                .enumerate()
-                .map(|(p, n)| {
-                    (
-                        (*n).to_owned(),
-                        (first..paths.len()).map(|b| med(p, b, f)).collect(),
-                    )
-                })
-                .collect()
-        };
-        bar_chart_png(
-            &png,
-            "controller under the scheduling paper's fault emulation (fio cache-standard)",
-            &[
-                BarPanel {
-                    title: "throughput".into(),
-                    y_label: "IOPS".into(),
-                    categories: categories(0),
-                    series: series(0, |s| s.iops),
-                },
-                BarPanel {
-                    title: "mean latency".into(),
-                    y_label: "µs".into(),
-                    categories: categories(0),
-                    series: series(0, |s| s.mean_us),
-                },
-                BarPanel {
-                    title: "processors held per recovery".into(),
-                    y_label: "× 20 ms per recovery".into(),
-                    categories: categories(1),
-                    series: series(1, |s| s.held_per_recovery),
-                },
-            ],
-        )?;
-        println!("plot: {}", png.display());
-    }
-    Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// Throughput, mean latency and processors held per recovery, per path and
+/// policy.
+fn plot(png: &Path, r: Runs<'_>, paths: &[Option<&str>]) -> anyhow::Result<()> {
+    // Paths from index `first` on (1: the bad paths only).
+    let categories =
+        |first: usize| -> Vec<String> { paths[first..].iter().map(|p| label(*p)).collect() };
+    let series = |first: usize, f: fn(&Sample) -> f64| -> Vec<(String, Vec<f64>)> {
+        POLICIES
+            .iter()
+            .enumerate()
+            .map(|(p, n)| {
+                (
+                    (*n).to_owned(),
+                    (first..paths.len()).map(|b| r.med(p, b, f)).collect(),
+                )
+            })
+            .collect()
+    };
+    bar_chart_png(
+        png,
+        "controller under the scheduling paper's fault emulation (fio cache-standard)",
+        &[
+            BarPanel {
+                title: "throughput".into(),
+                y_label: "IOPS".into(),
+                categories: categories(0),
+                series: series(0, |s| s.iops),
+            },
+            BarPanel {
+                title: "mean latency".into(),
+                y_label: "µs".into(),
+                categories: categories(0),
+                series: series(0, |s| s.mean_us),
+            },
+            BarPanel {
+                title: "processors held per recovery".into(),
+                y_label: "× 20 ms per recovery".into(),
+                categories: categories(1),
+                series: series(1, |s| s.held_per_recovery),
+            },
+        ],
+    )
 }
 
 /// Every run's sample, one line each, so rounds of several runs can be

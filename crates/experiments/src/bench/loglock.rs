@@ -228,6 +228,39 @@ pub fn run(args: LoglockArgs) -> anyhow::Result<std::process::ExitCode> {
         bar.inc(1);
     }
     bar.finish_and_clear();
+    print_rows(&results, &serialized);
+    let cache = controller_case(if args.common.quick { 2 } else { 10 })?;
+    let failures = print_controller_case(&cache);
+    anyhow::ensure!(failures > 0, "no write failed inside cache.apply");
+    if !args.common.quick {
+        let png = args.common.out.join("loglock.png");
+        bar_chart_png(
+            &png,
+            "Log(Lock) recovery success (restoration level meets criterion)",
+            &[BarPanel {
+                title: format!("{} threads per lock, {seconds} s each", args.threads),
+                y_label: "criterion met (%)".into(),
+                categories: ROWS.iter().map(|r| r.name.to_owned()).collect(),
+                series: vec![
+                    (
+                        "free-running".into(),
+                        results.iter().map(|o| pct(o.met, o.trackings)).collect(),
+                    ),
+                    (
+                        "RCS, sigma = 1".into(),
+                        serialized.iter().map(|o| pct(o.met, o.trackings)).collect(),
+                    ),
+                ],
+            }],
+        )?;
+        println!("plot: {}", png.display());
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// The table of every lock, free-running and with RCS, and the overall
+/// share that met the criterion.
+fn print_rows(results: &[Outcome], serialized: &[Outcome]) {
     let mut table = Table::new(&[
         "lock",
         "access rate /s",
@@ -241,7 +274,7 @@ pub fn run(args: LoglockArgs) -> anyhow::Result<std::process::ExitCode> {
         "criterion met %",
         "met %, RCS sigma=1",
     ]);
-    for ((row, o), r) in ROWS.iter().zip(&results).zip(&serialized) {
+    for ((row, o), r) in ROWS.iter().zip(results).zip(serialized) {
         table.row(vec![
             row.name.to_owned(),
             format!(
@@ -280,7 +313,10 @@ pub fn run(args: LoglockArgs) -> anyhow::Result<std::process::ExitCode> {
         pct(s_met, s_total),
         thousands(s_total as f64)
     );
-    let cache = controller_case(if args.common.quick { 2 } else { 10 })?;
+}
+
+/// The controller case's table; the writes that failed inside cache.apply.
+fn print_controller_case(cache: &ControllerCase) -> u64 {
     let failures = cache.rollbacks + cache.escalations;
     let mut t = Table::new(&[
         "fio IOPS",
@@ -303,31 +339,7 @@ pub fn run(args: LoglockArgs) -> anyhow::Result<std::process::ExitCode> {
         cache.seconds
     );
     println!("{}", t.render());
-    anyhow::ensure!(failures > 0, "no write failed inside cache.apply");
-    if !args.common.quick {
-        let png = args.common.out.join("loglock.png");
-        bar_chart_png(
-            &png,
-            "Log(Lock) recovery success (restoration level meets criterion)",
-            &[BarPanel {
-                title: format!("{} threads per lock, {seconds} s each", args.threads),
-                y_label: "criterion met (%)".into(),
-                categories: ROWS.iter().map(|r| r.name.to_owned()).collect(),
-                series: vec![
-                    (
-                        "free-running".into(),
-                        results.iter().map(|o| pct(o.met, o.trackings)).collect(),
-                    ),
-                    (
-                        "RCS, sigma = 1".into(),
-                        serialized.iter().map(|o| pct(o.met, o.trackings)).collect(),
-                    ),
-                ],
-            }],
-        )?;
-        println!("plot: {}", png.display());
-    }
-    Ok(std::process::ExitCode::SUCCESS)
+    failures
 }
 
 /// The controller case's counts.

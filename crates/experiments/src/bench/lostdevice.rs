@@ -59,6 +59,28 @@ struct Outcome {
 
 const DEVICES: u32 = 3;
 
+/// Lose device 1 and wait (up to `longest`) until the volume is no longer
+/// degraded: the time from `lost_at`.
+fn lose_and_rebuild(
+    server: &crate::harness::Server,
+    lost_at: Instant,
+    longest: Duration,
+) -> anyhow::Result<Duration> {
+    let answer = server.admin("inject lose-device 1")?;
+    anyhow::ensure!(answer.contains("lost"), "inject lose-device: {answer}");
+    loop {
+        let status = server.admin("status")?;
+        if !status.contains("DEGRADED") {
+            return Ok(lost_at.elapsed());
+        }
+        anyhow::ensure!(
+            lost_at.elapsed() < longest,
+            "the rebuild did not end within {longest:?}:\n{status}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn run_case(case: Case, work: &Path, port: u16, quick: bool) -> anyhow::Result<Outcome> {
     let dir = work.join(case.name.replace([' ', ','], "-"));
     std::fs::create_dir_all(&dir)?;
@@ -83,23 +105,10 @@ fn run_case(case: Case, work: &Path, port: u16, quick: bool) -> anyhow::Result<O
     let mut load = fio(port, before + longest + after, &prefix)?;
     std::thread::sleep(before);
     let lost_at = Instant::now();
-    let mut rebuild = None;
-    if case.rebuild_rate.is_some() {
-        let answer = server.admin("inject lose-device 1")?;
-        anyhow::ensure!(answer.contains("lost"), "inject lose-device: {answer}");
-        loop {
-            let status = server.admin("status")?;
-            if !status.contains("DEGRADED") {
-                rebuild = Some(lost_at.elapsed());
-                break;
-            }
-            anyhow::ensure!(
-                lost_at.elapsed() < longest,
-                "the rebuild did not end within {longest:?}:\n{status}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
+    let rebuild = match case.rebuild_rate {
+        Some(_) => Some(lose_and_rebuild(&server, lost_at, longest)?),
+        None => None,
+    };
     let window = rebuild.unwrap_or(Duration::from_millis(if quick { 1000 } else { 3000 }));
     std::thread::sleep(after);
     let ran = before + window + after;
@@ -190,6 +199,37 @@ pub fn run(args: LostDeviceArgs) -> anyhow::Result<std::process::ExitCode> {
         bar.inc(1);
     }
     bar.finish_and_clear();
+    print_table(&out);
+    println!(
+        "fio randrw 75% reads, 4 KiB, QD16 on a 1 GiB volume over {DEVICES} file devices (scratch dir); device 1 lost at 0 s"
+    );
+    for o in out.iter().filter(|o| o.rebuild.is_some()) {
+        let line = o
+            .status
+            .lines()
+            .find(|l| l.contains("device 1 rebuilt"))
+            .map(str::trim)
+            .unwrap_or("(no rebuild record in the status)");
+        println!("{}: {line}", o.case.name);
+    }
+    if !quick {
+        let png = args.common.out.join("lost-device.png");
+        line_chart_png(
+            &png,
+            "throughput while a device is lost and rebuilt (fio randrw 4 KiB, QD16; loss at 0 s)",
+            "seconds from the loss",
+            "IOPS (100 ms windows)",
+            &out.iter()
+                .map(|o| (o.case.name.clone(), o.series.clone()))
+                .collect::<Vec<_>>(),
+        )?;
+        println!("plot: {}", png.display());
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// The table: each layout's good path, degraded service and rebuild.
+fn print_table(out: &[Outcome]) {
     let peer = out.first().map_or(0.0, |o| o.good);
     let mut table = Table::new(&[
         "layout",
@@ -209,7 +249,7 @@ pub fn run(args: LostDeviceArgs) -> anyhow::Result<std::process::ExitCode> {
             "-".to_owned()
         }
     };
-    for o in &out {
+    for o in out {
         let lost = o.rebuild.is_some();
         table.row(vec![
             o.case.name.clone(),
@@ -246,30 +286,4 @@ pub fn run(args: LostDeviceArgs) -> anyhow::Result<std::process::ExitCode> {
         ]);
     }
     println!("{}", table.render());
-    println!(
-        "fio randrw 75% reads, 4 KiB, QD16 on a 1 GiB volume over {DEVICES} file devices (scratch dir); device 1 lost at 0 s"
-    );
-    for o in out.iter().filter(|o| o.rebuild.is_some()) {
-        let line = o
-            .status
-            .lines()
-            .find(|l| l.contains("device 1 rebuilt"))
-            .map(str::trim)
-            .unwrap_or("(no rebuild record in the status)");
-        println!("{}: {line}", o.case.name);
-    }
-    if !quick {
-        let png = args.common.out.join("lost-device.png");
-        line_chart_png(
-            &png,
-            "throughput while a device is lost and rebuilt (fio randrw 4 KiB, QD16; loss at 0 s)",
-            "seconds from the loss",
-            "IOPS (100 ms windows)",
-            &out.iter()
-                .map(|o| (o.case.name.clone(), o.series.clone()))
-                .collect::<Vec<_>>(),
-        )?;
-        println!("plot: {}", png.display());
-    }
-    Ok(std::process::ExitCode::SUCCESS)
 }

@@ -360,6 +360,12 @@ pub fn run(args: OutputCommitArgs) -> anyhow::Result<std::process::ExitCode> {
     }
 
     let load = *loads.last().expect("at least one load");
+    rollback_table(load, rollback_count, work.path(), port)?;
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// Rollbacks per scheme under `load`: their durations against the target.
+fn rollback_table(load: Load, count: u32, work: &std::path::Path, port: u16) -> anyhow::Result<()> {
     let mut rb = Table::new(&[
         "scheme",
         "rollbacks",
@@ -370,13 +376,7 @@ pub fn run(args: OutputCommitArgs) -> anyhow::Result<std::process::ExitCode> {
         "target < 50 ms",
     ]);
     for scheme in &SCHEMES[1..5] {
-        let d = rollbacks(
-            scheme,
-            rollback_count,
-            (load.iodepth, load.jobs),
-            work.path(),
-            port,
-        )?;
+        let d = rollbacks(scheme, count, (load.iodepth, load.jobs), work, port)?;
         let mean = |f: fn(&RollbackTimes) -> Duration| {
             d.iter().map(|t| f(t).as_secs_f64() * 1000.0).sum::<f64>() / d.len() as f64
         };
@@ -399,5 +399,5 @@ pub fn run(args: OutputCommitArgs) -> anyhow::Result<std::process::ExitCode> {
         load.name(),
         rb.render()
     );
-    Ok(std::process::ExitCode::SUCCESS)
+    Ok(())
 }

@@ -326,9 +326,9 @@ impl Plan {
         Ok((b.build().context("building the runtime")?, ids))
     }
 
-    fn run_once(&self, cfg: Config, faulty: bool) -> anyhow::Result<RunResult> {
-        let (runtime, ids) = self.runtime(cfg, faulty)?;
-        let bench: &'static Bench = Box::leak(Box::new(Bench {
+    /// The state one run's clients share (leaked: its tasks hold it).
+    fn leak_bench(&self, runtime: &Runtime) -> &'static Bench {
+        Box::leak(Box::new(Bench {
             handle: runtime.handle(),
             work: self.task,
             measuring: AtomicBool::new(false),
@@ -344,22 +344,12 @@ impl Plan {
                     )
                 })
                 .collect(),
-        }));
-        for (i, &n) in self.clients_per_group.iter().enumerate() {
-            for _ in 0..n {
-                let client = Client {
-                    bench,
-                    group: ids[i],
-                    submitted: Instant::now(),
-                    resubmit: true,
-                    ran: false,
-                };
-                bench
-                    .handle
-                    .submit(ids[i], Priority::Medium, client.body())
-                    .context("submitting the initial clients")?;
-            }
-        }
+        }))
+    }
+
+    /// Warm up, then measure until the end while the light groups get
+    /// their open-loop trickle: the time measured.
+    fn trickle(&self, bench: &'static Bench, ids: &[GroupId]) -> Duration {
         let started = Instant::now();
         let measure_from = started + self.warmup;
         let end = measure_from + Duration::from_secs_f64(self.seconds);
@@ -392,7 +382,28 @@ impl Plan {
             );
         }
         bench.measuring.store(false, Ordering::Relaxed);
-        let elapsed = measuring_since.map_or(Duration::ZERO, |t| t.elapsed());
+        measuring_since.map_or(Duration::ZERO, |t| t.elapsed())
+    }
+
+    fn run_once(&self, cfg: Config, faulty: bool) -> anyhow::Result<RunResult> {
+        let (runtime, ids) = self.runtime(cfg, faulty)?;
+        let bench = self.leak_bench(&runtime);
+        for (i, &n) in self.clients_per_group.iter().enumerate() {
+            for _ in 0..n {
+                let client = Client {
+                    bench,
+                    group: ids[i],
+                    submitted: Instant::now(),
+                    resubmit: true,
+                    ran: false,
+                };
+                bench
+                    .handle
+                    .submit(ids[i], Priority::Medium, client.body())
+                    .context("submitting the initial clients")?;
+            }
+        }
+        let elapsed = self.trickle(bench, &ids);
         bench.stop.store(true, Ordering::Relaxed);
         let metrics = bench.handle.metrics();
         drop(runtime);

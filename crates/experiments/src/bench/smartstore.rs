@@ -61,6 +61,26 @@ fn median_by_total(mut reports: Vec<QueryReport>) -> QueryReport {
     reports.swap_remove(mid)
 }
 
+/// The device models both modes measure.
+const MODELS: [DeviceModel; 3] = [
+    DeviceModel::None,
+    DeviceModel::Disk,
+    DeviceModel::Mems(smartstore::devmodel::G3),
+];
+
+/// The layouts the failure-free mode measures.
+const LAYOUTS: [Layout; 2] = [Layout::Mirror, Layout::Parity];
+
+/// The failure-free workloads: name, query, checkpoints.
+const WORKLOADS: [(&str, Query, bool); 3] = [
+    ("scan", Query::Scan, false),
+    ("q1, no checkpoints", Query::Q1, false),
+    ("q1", Query::Q1, true),
+];
+
+/// How long placing the table took on one layout and device model.
+type Placement = (Layout, DeviceModel, f64);
+
 /// Runs the experiment.
 pub fn run(args: SmartstoreArgs) -> anyhow::Result<ExitCode> {
     if args.recovery {
@@ -69,32 +89,43 @@ pub fn run(args: SmartstoreArgs) -> anyhow::Result<ExitCode> {
     let quick = args.common.quick;
     let runs = args.runs.unwrap_or(if quick { 1 } else { 3 });
     anyhow::ensure!((1..=20).contains(&runs), "--runs must be within 1..=20");
-    let Setup {
-        sf,
-        exe,
-        rt,
-        scratch,
-        schema,
-        batches,
-        want_q1,
-        want_scan,
-        single_s,
-    } = Setup::new(&args)?;
-    let total_rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+    let setup = Setup::new(&args)?;
+    let total_rows: usize = setup.batches.iter().map(|b| b.num_rows()).sum();
+    let (rows, placements) = measure(&setup, runs)?;
 
-    let layouts = [Layout::Mirror, Layout::Parity];
-    let models = [
-        DeviceModel::None,
-        DeviceModel::Disk,
-        DeviceModel::Mems(smartstore::devmodel::G3),
-    ];
-    let bar = progress((layouts.len() * models.len()) as u64, "smartstore");
+    // The peer: DuckDB over the same rows, from Parquet.
+    let duck = duckdb_q1(
+        setup.scratch.path(),
+        &setup.schema,
+        &setup.batches,
+        if quick { 3 } else { 5 },
+    )?;
+
+    let sf = setup.sf;
+    println!(
+        "\nsmartstore, failure-free (scenario 0): sf {sf} ({total_rows} lineitems), {DATA_NODES} data nodes + mirror group ({DATA_NODES} nodes) or parity node, \
+         median of {runs} run(s); every answer checked against one DataFusion run"
+    );
+    print_breakdown(&rows);
+    print_checkpoint_cost(&rows);
+    print_peer(&rows, &duck, setup.single_s, &placements);
+    if !quick {
+        plot_failure_free(&args.common.out, sf, &rows)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Every layout and device model on a fresh cluster: each workload `runs`
+/// times (the median kept), and the time placing the table took.
+fn measure(setup: &Setup, runs: u32) -> anyhow::Result<(Vec<Row>, Vec<Placement>)> {
+    let bar = progress((LAYOUTS.len() * MODELS.len()) as u64, "smartstore");
     let mut rows: Vec<Row> = Vec::new();
     let mut placements = Vec::new();
-    for layout in layouts {
-        for model in models {
+    for layout in LAYOUTS {
+        for model in MODELS {
             bar.set_message(format!("{} / {}", layout.name(), model.name()));
-            let work = scratch
+            let work = setup
+                .scratch
                 .path()
                 .join(format!("{}-{}", layout.name(), model.name()));
             let spec = ClusterSpec {
@@ -103,54 +134,56 @@ pub fn run(args: SmartstoreArgs) -> anyhow::Result<ExitCode> {
                 spare: false,
                 model,
             };
-            rt.block_on(async {
-                let mut c = Cluster::launch(spec, &Launcher::Process(exe.clone()), &work).await?;
-                placements.push((layout, model, c.place(schema.clone(), &batches).await?));
-                for (workload, query, ckpt) in [
-                    ("scan", Query::Scan, false),
-                    ("q1, no checkpoints", Query::Q1, false),
-                    ("q1", Query::Q1, true),
-                ] {
-                    let mut reports = Vec::new();
-                    for _ in 0..runs {
-                        let r = c.run_query(query, ckpt).await?;
-                        let got = tpch::to_csv(&r.result)?;
-                        let want = if query == Query::Q1 {
-                            &want_q1
-                        } else {
-                            &want_scan
-                        };
-                        anyhow::ensure!(
-                            &got == want,
-                            "{workload} on {} / {}: wrong answer",
-                            layout.name(),
-                            model.name()
-                        );
-                        reports.push(r);
-                    }
-                    rows.push(Row {
-                        layout,
-                        model,
-                        workload,
-                        report: median_by_total(reports),
-                    });
-                }
-                c.shutdown();
-                anyhow::Ok(())
-            })?;
+            let (placed, measured) = setup
+                .rt
+                .block_on(measure_cluster(setup, spec, &work, runs))?;
+            placements.push((layout, model, placed));
+            rows.extend(measured);
             std::fs::remove_dir_all(&work).ok();
             bar.inc(1);
         }
     }
     bar.finish_and_clear();
+    Ok((rows, placements))
+}
 
-    // The peer: DuckDB over the same rows, from Parquet.
-    let duck = duckdb_q1(scratch.path(), &schema, &batches, if quick { 3 } else { 5 })?;
+/// One cluster: place the table, run every workload `runs` times, check
+/// each answer; the placement's seconds and a row per workload.
+async fn measure_cluster(
+    setup: &Setup,
+    spec: ClusterSpec,
+    work: &Path,
+    runs: u32,
+) -> anyhow::Result<(f64, Vec<Row>)> {
+    let (layout, model) = (spec.layout, spec.model);
+    let mut c = Cluster::launch(spec, &Launcher::Process(setup.exe.clone()), work).await?;
+    let placed = c.place(setup.schema.clone(), &setup.batches).await?;
+    let mut rows = Vec::new();
+    for (workload, query, ckpt) in WORKLOADS {
+        let mut reports = Vec::new();
+        for _ in 0..runs {
+            let r = c.run_query(query, ckpt).await?;
+            anyhow::ensure!(
+                tpch::to_csv(&r.result)? == setup.want(query),
+                "{workload} on {} / {}: wrong answer",
+                layout.name(),
+                model.name()
+            );
+            reports.push(r);
+        }
+        rows.push(Row {
+            layout,
+            model,
+            workload,
+            report: median_by_total(reports),
+        });
+    }
+    c.shutdown();
+    Ok((placed, rows))
+}
 
-    println!(
-        "\nsmartstore, failure-free (scenario 0): sf {sf} ({total_rows} lineitems), {DATA_NODES} data nodes + mirror group ({DATA_NODES} nodes) or parity node, \
-         median of {runs} run(s); every answer checked against one DataFusion run"
-    );
+/// Each row's time split into I/O, compute and communication.
+fn print_breakdown(rows: &[Row]) {
     let mut t = Table::new(&[
         "layout",
         "device model",
@@ -161,7 +194,7 @@ pub fn run(args: SmartstoreArgs) -> anyhow::Result<ExitCode> {
         "total s",
         "wall s",
     ]);
-    for r in &rows {
+    for r in rows {
         let (io, c, m) = r.report.breakdown();
         t.row(vec![
             r.layout.name().into(),
@@ -175,7 +208,10 @@ pub fn run(args: SmartstoreArgs) -> anyhow::Result<ExitCode> {
         ]);
     }
     println!("{}", t.render());
+}
 
+/// Q1 with checkpoints against Q1 without, per layout and device model.
+fn print_checkpoint_cost(rows: &[Row]) {
     println!(
         "cost of checkpointing Q1's intermediate results (section 4.2): total with minus without"
     );
@@ -187,8 +223,8 @@ pub fn run(args: SmartstoreArgs) -> anyhow::Result<ExitCode> {
         "checkpoint cost s",
         "cost %",
     ]);
-    for layout in layouts {
-        for model in models {
+    for layout in LAYOUTS {
+        for model in MODELS {
             let find = |w: &str| {
                 rows.iter()
                     .find(|r| r.layout == layout && r.model == model && r.workload == w)
@@ -207,7 +243,11 @@ pub fn run(args: SmartstoreArgs) -> anyhow::Result<ExitCode> {
         }
     }
     println!("{}", t.render());
+}
 
+/// Our Q1 against DuckDB's, the single-process decomposition, and the
+/// placements' times.
+fn print_peer(rows: &[Row], duck: &Duck, single_s: f64, placements: &[Placement]) {
     let ours = rows
         .iter()
         .find(|r| {
@@ -240,46 +280,57 @@ pub fn run(args: SmartstoreArgs) -> anyhow::Result<ExitCode> {
             .collect::<Vec<_>>()
             .join(", ")
     );
+}
 
-    if !quick {
-        let mut panels = Vec::new();
-        for model in models {
-            let sel: Vec<&Row> = rows.iter().filter(|r| r.model == model).collect();
-            let cats = sel
-                .iter()
-                .map(|r| {
-                    let w = match r.workload {
-                        "scan" => "Scan",
-                        "q1" => "Q1",
-                        _ => "Q1 nc",
-                    };
-                    format!("{w} {}", &r.layout.name()[..3])
-                })
-                .collect();
-            let comp =
-                |f: fn(&QueryReport) -> f64| sel.iter().map(|r| f(&r.report)).collect::<Vec<f64>>();
-            panels.push(BarPanel {
-                title: format!("device model: {}", model.name()),
-                y_label: "execution time (s)".into(),
-                categories: cats,
-                series: vec![
-                    ("I/O".into(), comp(|r| r.breakdown().0)),
-                    ("compute".into(), comp(|r| r.breakdown().1)),
-                    ("communication".into(), comp(|r| r.breakdown().2)),
-                ],
-            });
-        }
-        let png = args.common.out.join("smartstore.png");
-        stacked_bar_png(
-            &png,
-            &format!(
-                "smartstore scenario 0 at sf {sf}: Scan and Q1 (nc: no checkpoints), 4 data nodes, mirror or parity"
-            ),
-            &panels,
-        )?;
-        println!("plot: {}", png.display());
+/// I/O, compute and communication stacked per workload and layout, a
+/// panel per device model.
+fn plot_failure_free(out: &Path, sf: f64, rows: &[Row]) -> anyhow::Result<()> {
+    let mut panels = Vec::new();
+    for model in MODELS {
+        let sel: Vec<&Row> = rows.iter().filter(|r| r.model == model).collect();
+        let cats = sel
+            .iter()
+            .map(|r| {
+                let w = match r.workload {
+                    "scan" => "Scan",
+                    "q1" => "Q1",
+                    _ => "Q1 nc",
+                };
+                format!("{w} {}", &r.layout.name()[..3])
+            })
+            .collect();
+        panels.push(breakdown_panel(model, cats, &sel, |r| &r.report));
     }
-    Ok(ExitCode::SUCCESS)
+    let png = out.join("smartstore.png");
+    stacked_bar_png(
+        &png,
+        &format!(
+            "smartstore scenario 0 at sf {sf}: Scan and Q1 (nc: no checkpoints), 4 data nodes, mirror or parity"
+        ),
+        &panels,
+    )?;
+    println!("plot: {}", png.display());
+    Ok(())
+}
+
+/// A panel of I/O, compute and communication stacked per category.
+fn breakdown_panel<T>(
+    model: DeviceModel,
+    categories: Vec<String>,
+    sel: &[&T],
+    report: fn(&T) -> &QueryReport,
+) -> BarPanel {
+    let comp = |f: fn(&QueryReport) -> f64| sel.iter().map(|r| f(report(r))).collect::<Vec<f64>>();
+    BarPanel {
+        title: format!("device model: {}", model.name()),
+        y_label: "execution time (s)".into(),
+        categories,
+        series: vec![
+            ("I/O".into(), comp(|r| r.breakdown().0)),
+            ("compute".into(), comp(|r| r.breakdown().1)),
+            ("communication".into(), comp(|r| r.breakdown().2)),
+        ],
+    }
 }
 
 /// What both modes start from: the data, the reference answers, a
@@ -298,6 +349,15 @@ struct Setup {
 }
 
 impl Setup {
+    /// The reference answer of `query`, as CSV.
+    fn want(&self, query: Query) -> &str {
+        if query == Query::Q1 {
+            &self.want_q1
+        } else {
+            &self.want_scan
+        }
+    }
+
     fn new(args: &SmartstoreArgs) -> anyhow::Result<Setup> {
         let sf = args.sf.unwrap_or(match (args.common.quick, args.recovery) {
             (true, _) => 0.05,
@@ -489,77 +549,88 @@ fn dash(scenario: u8, v: f64) -> String {
     }
 }
 
+/// One scenario measured on one device model.
+type Measured = (DeviceModel, Scenario, QueryReport);
+
+/// The report of scenario `n` of `q` on model `m`.
+fn find(results: &[Measured], m: DeviceModel, q: Query, n: u8) -> &QueryReport {
+    &results
+        .iter()
+        .find(|(mm, s, _)| *mm == m && s.query == q && s.number == n)
+        .expect("measured")
+        .2
+}
+
 /// `rebound bench smartstore --recovery`: the scenarios of section 4.
 fn run_recovery(args: SmartstoreArgs) -> anyhow::Result<ExitCode> {
-    let quick = args.common.quick;
-    let Setup {
-        sf,
-        exe,
-        rt,
-        scratch,
-        schema,
-        batches,
-        want_q1,
-        want_scan,
-        ..
-    } = Setup::new(&args)?;
-    let models = [
-        DeviceModel::None,
-        DeviceModel::Disk,
-        DeviceModel::Mems(smartstore::devmodel::G3),
-    ];
-    let bar = progress((models.len() * SCENARIOS.len()) as u64, "scenarios");
-    let mut results: Vec<(DeviceModel, Scenario, QueryReport)> = Vec::new();
-    for model in models {
+    let setup = Setup::new(&args)?;
+    let bar = progress((MODELS.len() * SCENARIOS.len()) as u64, "scenarios");
+    let mut results: Vec<Measured> = Vec::new();
+    for model in MODELS {
         for sc in SCENARIOS {
             bar.set_message(format!("{} / {}", model.name(), sc.label()));
-            let work = scratch.path().join(format!(
-                "{}-{}-{}",
-                model.name(),
-                sc.query.name(),
-                sc.number
-            ));
-            let spec = ClusterSpec {
-                nodes: DATA_NODES,
-                layout: sc.layout(),
-                spare: sc.scheme.is_some_and(|s| s.needs_spare()),
-                model,
-            };
-            let report = rt.block_on(async {
-                let mut c = Cluster::launch(spec, &Launcher::Process(exe.clone()), &work).await?;
-                c.place(schema.clone(), &batches).await?;
-                let fault = sc.scheme.map(|scheme| Fault {
-                    node: LOST,
-                    at: Fault::default_at(sc.query),
-                    mode: FailMode::Kill,
-                    scheme,
-                });
-                let r = c.run_query_with(sc.query, true, fault).await?;
-                c.shutdown();
-                anyhow::Ok(r)
-            })?;
-            let want = if sc.query == Query::Q1 {
-                &want_q1
-            } else {
-                &want_scan
-            };
-            anyhow::ensure!(
-                &tpch::to_csv(&report.result)? == want,
-                "{} / {}: the answer differs from the failure-free one",
-                model.name(),
-                sc.label()
-            );
-            results.push((model, sc, report));
-            std::fs::remove_dir_all(&work).ok();
+            results.push((model, sc, scenario(&setup, model, sc)?));
             bar.inc(1);
         }
     }
     bar.finish_and_clear();
 
+    let sf = setup.sf;
     println!(
         "\nsmartstore recovery scenarios (paper section 4): sf {sf}, {DATA_NODES} data nodes, main {LOST} SIGKILLed \
          (Scan: during its scan; Q1: just before Group-by+Aggregate+LocalSort), checkpoints on; every answer equals the failure-free one"
     );
+    print_scenarios(&results);
+    print_findings(&results);
+    if !args.common.quick {
+        for q in [Query::Scan, Query::Q1] {
+            plot_scenarios(&args.common.out, sf, q, &results)?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One scenario on a fresh cluster with device model `model`: its report,
+/// the answer checked against the failure-free one.
+fn scenario(setup: &Setup, model: DeviceModel, sc: Scenario) -> anyhow::Result<QueryReport> {
+    let work = setup.scratch.path().join(format!(
+        "{}-{}-{}",
+        model.name(),
+        sc.query.name(),
+        sc.number
+    ));
+    let spec = ClusterSpec {
+        nodes: DATA_NODES,
+        layout: sc.layout(),
+        spare: sc.scheme.is_some_and(|s| s.needs_spare()),
+        model,
+    };
+    let report = setup.rt.block_on(async {
+        let mut c = Cluster::launch(spec, &Launcher::Process(setup.exe.clone()), &work).await?;
+        c.place(setup.schema.clone(), &setup.batches).await?;
+        let fault = sc.scheme.map(|scheme| Fault {
+            node: LOST,
+            at: Fault::default_at(sc.query),
+            mode: FailMode::Kill,
+            scheme,
+        });
+        let r = c.run_query_with(sc.query, true, fault).await?;
+        c.shutdown();
+        anyhow::Ok(r)
+    })?;
+    anyhow::ensure!(
+        tpch::to_csv(&report.result)? == setup.want(sc.query),
+        "{} / {}: the answer differs from the failure-free one",
+        model.name(),
+        sc.label()
+    );
+    std::fs::remove_dir_all(&work).ok();
+    Ok(report)
+}
+
+/// Every scenario's time split, its recovery, and its cost against
+/// scenario 0.
+fn print_scenarios(results: &[Measured]) {
     let mut t = Table::new(&[
         "device model",
         "scenario",
@@ -571,14 +642,7 @@ fn run_recovery(args: SmartstoreArgs) -> anyhow::Result<ExitCode> {
         "post-recovery I/O s",
         "vs scenario 0",
     ]);
-    let base = |m: DeviceModel, q: Query| {
-        results
-            .iter()
-            .find(|(mm, s, _)| *mm == m && s.query == q && s.number == 0)
-            .map(|r| r.2.total_s())
-            .expect("scenario 0 measured")
-    };
-    for (m, sc, r) in &results {
+    for (m, sc, r) in results {
         let (io, c, comm) = r.breakdown();
         let post = if sc.query == Query::Q1 {
             "agg-grp-sort (after recovery)"
@@ -594,21 +658,20 @@ fn run_recovery(args: SmartstoreArgs) -> anyhow::Result<ExitCode> {
             format!("{:.3}", r.total_s()),
             dash(sc.number, phase_sum(r, "recovery", |p| p.total_s())),
             dash(sc.number, phase_sum(r, post, |p| p.io_s)),
-            format!("{:.2}x", r.total_s() / base(*m, sc.query)),
+            format!(
+                "{:.2}x",
+                r.total_s() / find(results, *m, sc.query, 0).total_s()
+            ),
         ]);
     }
     println!("{}", t.render());
+}
 
-    // The paper's findings, checked on our numbers.
-    let get = |m: DeviceModel, q: Query, n: u8| {
-        &results
-            .iter()
-            .find(|(mm, s, _)| *mm == m && s.query == q && s.number == n)
-            .expect("measured")
-            .2
-    };
+/// The paper's findings, checked on our numbers.
+fn print_findings(results: &[Measured]) {
+    let get = |m: DeviceModel, q: Query, n: u8| find(results, m, q, n);
     println!("paper's findings against ours:");
-    for m in models {
+    for m in MODELS {
         let scan_par = get(m, Query::Scan, 2).total_s() / get(m, Query::Scan, 1).total_s();
         let q1_par = get(m, Query::Q1, 4).total_s() / get(m, Query::Q1, 1).total_s();
         println!(
@@ -663,47 +726,33 @@ fn run_recovery(args: SmartstoreArgs) -> anyhow::Result<ExitCode> {
         "target: Q1 with a node failure under the best scheme, no device model: {ratio:.2}x the failure-free time (target <= 1.3x: {})",
         if ratio <= 1.3 { "met" } else { "MISSED" }
     );
+}
 
-    if !quick {
-        for q in [Query::Scan, Query::Q1] {
-            let panels = models
+/// The scenarios of query `q`: I/O, compute and communication stacked per
+/// scenario, a panel per device model.
+fn plot_scenarios(out: &Path, sf: f64, q: Query, results: &[Measured]) -> anyhow::Result<()> {
+    let panels = MODELS
+        .iter()
+        .map(|m| {
+            let sel: Vec<&Measured> = results
                 .iter()
-                .map(|m| {
-                    let sel: Vec<&(DeviceModel, Scenario, QueryReport)> = results
-                        .iter()
-                        .filter(|(mm, s, _)| mm == m && s.query == q)
-                        .collect();
-                    let comp = |f: fn(&QueryReport) -> f64| {
-                        sel.iter().map(|r| f(&r.2)).collect::<Vec<f64>>()
-                    };
-                    BarPanel {
-                        title: format!("device model: {}", m.name()),
-                        y_label: "execution time (s)".into(),
-                        categories: sel.iter().map(|r| r.1.label()).collect(),
-                        series: vec![
-                            ("I/O".into(), comp(|r| r.breakdown().0)),
-                            ("compute".into(), comp(|r| r.breakdown().1)),
-                            ("communication".into(), comp(|r| r.breakdown().2)),
-                        ],
-                    }
-                })
-                .collect::<Vec<_>>();
-            let png = args
-                .common
-                .out
-                .join(format!("smartstore-recovery-{}.png", q.name()));
-            let title = format!(
-                "{} recovery scenarios at sf {sf} (as the paper's Figures {})",
-                if q == Query::Scan { "Scan" } else { "TPC-H Q1" },
-                if q == Query::Scan {
-                    "8 and 10"
-                } else {
-                    "9 and 11"
-                },
-            );
-            stacked_bar_png(&png, &title, &panels)?;
-            println!("plot: {}", png.display());
-        }
-    }
-    Ok(ExitCode::SUCCESS)
+                .filter(|(mm, s, _)| mm == m && s.query == q)
+                .collect();
+            let categories = sel.iter().map(|r| r.1.label()).collect();
+            breakdown_panel(*m, categories, &sel, |r| &r.2)
+        })
+        .collect::<Vec<_>>();
+    let png = out.join(format!("smartstore-recovery-{}.png", q.name()));
+    let title = format!(
+        "{} recovery scenarios at sf {sf} (as the paper's Figures {})",
+        if q == Query::Scan { "Scan" } else { "TPC-H Q1" },
+        if q == Query::Scan {
+            "8 and 10"
+        } else {
+            "9 and 11"
+        },
+    );
+    stacked_bar_png(&png, &title, &panels)?;
+    println!("plot: {}", png.display());
+    Ok(())
 }
