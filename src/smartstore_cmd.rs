@@ -208,8 +208,9 @@ pub enum RecoveryArg {
     Parity,
 }
 
-/// Runs `rebound query`.
-pub fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
+/// The query, the cluster and the fault `rebound query`'s flags ask for,
+/// checked against each other.
+fn plan(args: &QueryArgs) -> anyhow::Result<(Query, ClusterSpec, Option<Fault>)> {
     tpch::check_sf(args.sf)?;
     let query = match args.query {
         QueryArg::Scan => Query::Scan,
@@ -255,6 +256,12 @@ pub fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
             "--fail-node needs local nodes (started by the host), not --node-addrs"
         );
     }
+    Ok((query, spec, fault))
+}
+
+/// Runs `rebound query`.
+pub fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
+    let (query, spec, fault) = plan(&args)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -289,16 +296,7 @@ pub fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
         };
         let spinner = indicatif::ProgressBar::new_spinner();
         if fault.is_some() && !args.quiet {
-            let sp = spinner.clone();
-            cluster.progress = Some(Progress(std::sync::Arc::new(move |m: &str| {
-                sp.enable_steady_tick(std::time::Duration::from_millis(100));
-                sp.set_message(m.to_string());
-                if sp.is_hidden() {
-                    eprintln!("recovery: {m}");
-                } else {
-                    sp.println(format!("recovery: {m}"));
-                }
-            })));
+            cluster.progress = Some(recovery_progress(&spinner));
         }
         let placed = cluster.place(schema.clone(), &batches).await?;
         note(format!(
@@ -338,26 +336,7 @@ pub fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
         ));
         print_result(&report, args.format)?;
         if args.verify {
-            let want = match query {
-                Query::Q1 => vec![tpch::q1_single(schema, batches).await?],
-                Query::Scan => tpch::scan_single(schema, batches).await?,
-            };
-            if tpch::to_csv(&want)? != tpch::to_csv(&report.result)? {
-                anyhow::bail!(
-                    "the distributed answer differs from a single-process DataFusion run"
-                );
-            }
-            note("verified: equal to a single-process DataFusion run".into());
-            if query == Query::Q1 && args.sf == 1.0 {
-                let got = tpch::to_csv(&report.result)?;
-                let rows: Vec<&str> = got.lines().skip(1).collect();
-                if rows != tpch::Q1_SF1_ANSWER {
-                    anyhow::bail!("Q1 differs from the TPC-H reference answer at scale factor 1");
-                }
-                note(
-                    "verified: equal to the TPC-H reference answer of Q1 at scale factor 1".into(),
-                );
-            }
+            verify(query, args.sf, schema, batches, &report, &note).await?;
         }
         Ok(ExitCode::SUCCESS)
     })
@@ -372,6 +351,49 @@ fn print_result(report: &QueryReport, format: Format) -> anyhow::Result<()> {
             writeln!(out, "{t}")?;
             writeln!(out, "{} rows", report.rows())?;
         }
+    }
+    Ok(())
+}
+
+/// The recovery's steps on `spinner` (on stderr when it is hidden).
+fn recovery_progress(spinner: &indicatif::ProgressBar) -> Progress {
+    let sp = spinner.clone();
+    Progress(std::sync::Arc::new(move |m: &str| {
+        sp.enable_steady_tick(std::time::Duration::from_millis(100));
+        sp.set_message(m.to_string());
+        if sp.is_hidden() {
+            eprintln!("recovery: {m}");
+        } else {
+            sp.println(format!("recovery: {m}"));
+        }
+    }))
+}
+
+/// `--verify`: the distributed answer equals a single-process DataFusion
+/// run, and at scale factor 1 the TPC-H reference answer of Q1.
+async fn verify(
+    query: Query,
+    sf: f64,
+    schema: arrow::datatypes::SchemaRef,
+    batches: Vec<arrow::record_batch::RecordBatch>,
+    report: &smartstore::host::QueryReport,
+    note: &impl Fn(String),
+) -> anyhow::Result<()> {
+    let want = match query {
+        Query::Q1 => vec![tpch::q1_single(schema, batches).await?],
+        Query::Scan => tpch::scan_single(schema, batches).await?,
+    };
+    if tpch::to_csv(&want)? != tpch::to_csv(&report.result)? {
+        anyhow::bail!("the distributed answer differs from a single-process DataFusion run");
+    }
+    note("verified: equal to a single-process DataFusion run".into());
+    if query == Query::Q1 && sf == 1.0 {
+        let got = tpch::to_csv(&report.result)?;
+        let rows: Vec<&str> = got.lines().skip(1).collect();
+        if rows != tpch::Q1_SF1_ANSWER {
+            anyhow::bail!("Q1 differs from the TPC-H reference answer at scale factor 1");
+        }
+        note("verified: equal to the TPC-H reference answer of Q1 at scale factor 1".into());
     }
     Ok(())
 }

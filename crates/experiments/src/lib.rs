@@ -8,11 +8,6 @@
 //! servers (and smart-storage nodes) from [`std::env::current_exe`], so they
 //! run inside the `rebound` binary built with its `experiments` feature.
 
-// The workspace's function-length and complexity bounds (clippy.toml),
-// held here already: a function past them is split, or allowed with the
-// reason it is one piece.
-#![warn(clippy::too_many_lines, clippy::cognitive_complexity)]
-
 pub mod bench;
 pub mod demo;
 pub mod harness;
