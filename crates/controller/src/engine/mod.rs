@@ -4,9 +4,9 @@
 //! tasks of the component recovery groups on the rcs runtime (*Enhancing
 //! Storage System Availability on Multi-Core Architectures with
 //! Recovery-Conscious Scheduling*, Seshadri et al., FAST 2008; Log(Lock)
-//! micro-recovery for rung 1), destage and
-//! scrub, rung 3's epochs and output commit, rung 4's system-level
-//! recovery and rollback (DESIGN.md, "The recovery ladder").
+//! micro-recovery for rung 1), destage and scrub, rung 3's epochs and
+//! output commit, rung 4's system-level recovery and rollback (the ladder:
+//! `docs/ladder.md`).
 //!
 //! Imports: `config`, `backend`, `store`, `nbd` and leaves. A cycle may
 //! exist inside this layer (a stage calls destage, system recovery redrives
