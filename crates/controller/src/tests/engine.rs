@@ -93,17 +93,7 @@ impl Bench {
     /// A controller on a temp dir with small sizes, changed by `tune`.
     fn open_with(tune: impl FnOnce(&mut Config)) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut config = Config {
-            data_dir: dir.path().join("data"),
-            nvs: Some(dir.path().join("nvs")),
-            box_path: Some(dir.path().join("box")),
-            volume_size: 16 << 20,
-            nvs_size: 72 << 20,
-            cache_size: 1 << 20,
-            workers: 2,
-            scrub_interval: Duration::ZERO,
-            ..Config::default()
-        };
+        let mut config = super::temp_config(dir.path());
         tune(&mut config);
         let ctl = Controller::open(config).expect("opening the controller");
         Self {

@@ -6,7 +6,6 @@ use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
 
-use crate::config::Config;
 use crate::controller::Controller;
 use crate::host::connection::{Connection, Violation, next_request};
 use crate::limits::{DISCARD_PAYLOAD_MAX, MAX_PAYLOAD_BYTES, TRACK_BYTES};
@@ -25,16 +24,7 @@ struct Framing {
 impl Framing {
     fn new() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        let config = Config {
-            data_dir: dir.path().join("data"),
-            nvs: Some(dir.path().join("nvs")),
-            box_path: Some(dir.path().join("box")),
-            volume_size: 16 << 20,
-            nvs_size: 72 << 20,
-            cache_size: 1 << 20,
-            workers: 1,
-            ..Config::default()
-        };
+        let config = super::temp_config(dir.path());
         let ctl = Controller::open(config).expect("opening the controller");
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();

@@ -4,3 +4,19 @@
 
 mod engine;
 mod host;
+
+/// A small controller's configuration with every file in `dir` (no
+/// /dev/shm, no listener started), no scrub.
+fn temp_config(dir: &std::path::Path) -> crate::config::Config {
+    crate::config::Config {
+        data_dir: dir.join("data"),
+        nvs: Some(dir.join("nvs")),
+        box_path: Some(dir.join("box")),
+        volume_size: 16 << 20,
+        nvs_size: 72 << 20,
+        cache_size: 1 << 20,
+        workers: 2,
+        scrub_interval: std::time::Duration::ZERO,
+        ..crate::config::Config::default()
+    }
+}
