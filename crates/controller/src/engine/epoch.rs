@@ -333,6 +333,12 @@ impl Epochs {
         {
             tracing::error!(error = %e, "output commit: device sync failed");
         }
+        // The epoch is committed (its writes are durable): count it before
+        // its replies leave, so whoever reads a released reply also sees
+        // the commit that released it.
+        *self.committed.lock() = epoch;
+        self.stats.commits.fetch_add(1, Ordering::Relaxed);
+        self.advanced.notify_all();
         self.stats
             .replies_released
             .fetch_add(replies.len() as u64, Ordering::Relaxed);
@@ -355,9 +361,6 @@ impl Epochs {
         for c in corked {
             c.uncork();
         }
-        *self.committed.lock() = epoch;
-        self.advanced.notify_all();
-        self.stats.commits.fetch_add(1, Ordering::Relaxed);
         if !ctl.destage.is_empty() {
             // Destages ended by this commit may have requeued tracks.
             crate::engine::destage::kick(ctl);
