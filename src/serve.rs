@@ -73,6 +73,12 @@ pub struct ServeArgs {
     /// What FLUSH and FUA make durable: devices (destage + fdatasync) or nvs (msync) [default: devices].
     #[arg(long, value_name = "WHERE", value_parser = ["devices", "nvs"])]
     flush: Option<String>,
+    /// What TRIM and WRITE_ZEROES do with the device files' space: keep
+    /// it allocated (the range reads as zeroes; a later write to it cannot
+    /// find the file system full) or unmap it (punch holes, giving the
+    /// space back, except for WRITE_ZEROES with NO_HOLE) [default: keep].
+    #[arg(long, value_name = "MODE", value_parser = ["keep", "unmap"])]
+    discard: Option<String>,
     /// Open device files with O_DIRECT.
     #[arg(long)]
     direct_io: bool,
@@ -196,6 +202,11 @@ impl ServeArgs {
             c.raid = v
                 .parse()
                 .map_err(|e: String| anyhow::anyhow!("invalid setting raid: {e}"))?;
+        }
+        if let Some(v) = &self.discard {
+            c.discard = v
+                .parse()
+                .map_err(|e: String| anyhow::anyhow!("invalid setting discard: {e}"))?;
         }
         if let Some(v) = &self.output_commit {
             c.output_commit = controller::config::OutputCommitSetting(
@@ -337,6 +348,7 @@ mod tests {
         ("metrics", Some("127.0.0.1:2")),
         ("admin", Some("/tmp/rebound-flags.sock")),
         ("flush", Some("nvs")),
+        ("discard", Some("unmap")),
         ("direct_io", None),
         ("max_connections", Some("5")),
         ("connection_threads", Some("2")),
@@ -383,6 +395,28 @@ mod tests {
                 "--{long} changes nothing in the configuration"
             );
         }
+    }
+
+    #[test]
+    fn a_bad_discard_flag_is_refused_with_the_valid_values() {
+        let cmd = ServeArgs::augment_args(clap::Command::new("serve").no_binary_name(true));
+        let err = cmd
+            .try_get_matches_from(["--discard", "trim"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("trim") && err.contains("keep") && err.contains("unmap"),
+            "{err}"
+        );
+        let c = parse(&["--discard".into(), "unmap".into()])
+            .merged()
+            .unwrap();
+        assert_eq!(c.discard, controller::config::Discard::Unmap);
+        assert_eq!(
+            parse(&[]).merged().unwrap().discard,
+            controller::config::Discard::Keep,
+            "keep by default"
+        );
     }
 
     #[test]

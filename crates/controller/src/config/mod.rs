@@ -23,6 +23,7 @@
 //! metrics = "127.0.0.1:9109"               # optional
 //! admin = "./rebound-data/admin.sock"      # default: <data_dir>/admin.sock
 //! flush = "devices"
+//! discard = "keep"                         # TRIM/WRITE_ZEROES: keep (space stays allocated) | unmap (punch holes)
 //! direct_io = false
 //! max_connections = 64
 //! connection_threads = 4                   # per connection: read requests in turns, run them
@@ -79,6 +80,56 @@ pub enum FlushPolicy {
     /// The NVS is the non-volatile medium (as in a controller with
     /// battery-backed NVS): `msync` the NVS region and reply.
     Nvs,
+}
+
+/// What TRIM and WRITE_ZEROES do with the device files' space (both make
+/// the range read as zeroes either way).
+///
+/// The device files are preallocated so that a full file system is found
+/// at start-up ([`crate::files::reserve`]); a hole punched by a TRIM gives
+/// that space back, and a later destage into the range would allocate it
+/// again and could fail with `ENOSPC` after the write was acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Discard {
+    /// Keep the space allocated (`FALLOC_FL_ZERO_RANGE`, or writing
+    /// zeroes where the file system lacks it): no write to the range can
+    /// later find the file system full.
+    #[default]
+    Keep,
+    /// Give the space back to the file system (`FALLOC_FL_PUNCH_HOLE`),
+    /// except for a WRITE_ZEROES with `NBD_CMD_FLAG_NO_HOLE`. For thin
+    /// provisioning, where the operator watches the file system's space.
+    Unmap,
+}
+
+impl Discard {
+    /// The valid values, as written in the TOML file and the flag.
+    pub const NAMES: &'static [&'static str] = &["keep", "unmap"];
+
+    /// Whether zeroing a range keeps its space allocated; `no_hole`: the
+    /// request forbids a hole (WRITE_ZEROES with `NBD_CMD_FLAG_NO_HOLE`).
+    pub fn keeps_allocation(self, no_hole: bool) -> bool {
+        match self {
+            Self::Keep => true,
+            Self::Unmap => no_hole,
+        }
+    }
+}
+
+impl std::str::FromStr for Discard {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "keep" => Ok(Self::Keep),
+            "unmap" => Ok(Self::Unmap),
+            other => Err(format!(
+                "unknown discard mode {other:?} (expected one of: {})",
+                Self::NAMES.join(", ")
+            )),
+        }
+    }
 }
 
 impl<'de> Deserialize<'de> for OutputCommitSetting {
@@ -167,6 +218,8 @@ pub struct Config {
     pub admin: Option<PathBuf>,
     /// What FLUSH and FUA make durable.
     pub flush: FlushPolicy,
+    /// What TRIM and WRITE_ZEROES do with the device files' space.
+    pub discard: Discard,
     /// Open device files with `O_DIRECT`.
     pub direct_io: bool,
     /// Most concurrent NBD connections.
@@ -226,6 +279,7 @@ impl Default for Config {
             metrics: None,
             admin: None,
             flush: FlushPolicy::Devices,
+            discard: Discard::Keep,
             direct_io: false,
             max_connections: 64,
             connection_threads: 4,
@@ -628,6 +682,37 @@ mod tests {
         c.nvs_size = 256 << 20;
         c.devices = 0;
         assert!(c.validate().unwrap_err().to_string().contains("devices"));
+    }
+
+    #[test]
+    fn discard_keeps_allocation_by_default_and_unmap_punches_unless_no_hole() {
+        let c = Config::default();
+        assert_eq!(c.discard, Discard::Keep);
+        assert!(c.discard.keeps_allocation(false), "TRIM keeps the space");
+        assert!(c.discard.keeps_allocation(true));
+        let c: Config = toml::from_str("discard = \"unmap\"").unwrap();
+        assert_eq!(c.discard, Discard::Unmap);
+        assert!(!c.discard.keeps_allocation(false), "TRIM punches a hole");
+        assert!(c.discard.keeps_allocation(true), "NO_HOLE is honoured");
+        let c: Config = toml::from_str("discard = \"keep\"").unwrap();
+        assert_eq!(c.discard, Discard::Keep);
+        assert_eq!("unmap".parse::<Discard>(), Ok(Discard::Unmap));
+    }
+
+    #[test]
+    fn a_bad_discard_mode_is_refused_with_the_valid_ones() {
+        let err = toml::from_str::<Config>("discard = \"trim\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("trim") && err.contains("keep") && err.contains("unmap"),
+            "{err}"
+        );
+        let err = "trim".parse::<Discard>().unwrap_err();
+        assert!(
+            err.contains("\"trim\"") && err.contains("keep, unmap"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -789,6 +789,9 @@ const ZERO_WAIT: std::time::Duration = crate::engine::destage::FORCE_WAIT;
 /// degraded volume, an edge track whose stripe waits for a replacement)
 /// it waits for as FLUSH does: the stage runs again after a back-off,
 /// holding no worker in between, keeping its fence, up to [`ZERO_WAIT`].
+///
+/// The devices keep the range's space allocated unless the configuration
+/// says `discard = "unmap"` ([`crate::config::Discard`]).
 pub(super) fn zero(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Failure> {
     let ctl = Arc::clone(req.ctl());
     let again = stage!(
@@ -798,7 +801,8 @@ pub(super) fn zero(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), F
         faults::DEVICE_ZERO
     );
     let (first, end) = (req.first_track(), req.first_track() + req.tracks());
-    let keep = req.header.kind == cmd::WRITE_ZEROES && req.header.flags & cflags::NO_HOLE != 0;
+    let no_hole = req.header.kind == cmd::WRITE_ZEROES && req.header.flags & cflags::NO_HOLE != 0;
+    let keep = ctl.config.discard.keeps_allocation(no_hole);
     let deadline = *req
         .durable_deadline
         .get_or_insert_with(|| Instant::now() + ZERO_WAIT);
