@@ -1,10 +1,14 @@
-//! Files the controller creates for its state (device files, the NVS):
-//! giving them their full size up front, so that a full file system is
-//! found at start-up and not by a write after a reply was sent.
+//! Files the controller creates for its state (device files, the NVS, the
+//! volume label, the partial parity log, the rename map): giving them their
+//! full size up front, so that a full file system is found at start-up and
+//! not by a write after a reply was sent; and syncing the directory that
+//! holds a created or renamed file, so that the file itself survives a
+//! power loss and not only its contents.
 
 use std::fs::File;
 use std::io;
 use std::os::unix::io::AsRawFd;
+use std::path::Path;
 
 /// Give a new device (or NVS) file its full size, reserving the space where
 /// the file system can (so a full disk is found now, not by a write later).
@@ -22,5 +26,53 @@ pub fn reserve(file: &File, capacity: u64) -> io::Result<()> {
         // The file system cannot reserve space: a sparse file will do.
         Some(libc::EOPNOTSUPP) => file.set_len(capacity),
         _ => Err(err),
+    }
+}
+
+/// Make the entries of directory `dir` durable (`fsync` on the directory).
+///
+/// Syncing a file makes its contents durable, not its name: a file just
+/// created, or renamed into place, can vanish (or come back under its old
+/// name) at a power loss until the directory holding it is synced too. Call
+/// this after creating a state file and after a rename that replaces one.
+/// The error names the directory.
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
+    let named = |what: &str, e: io::Error| {
+        io::Error::new(e.kind(), format!("{what} directory {}: {e}", dir.display()))
+    };
+    File::open(dir)
+        .map_err(|e| named("cannot open", e))?
+        .sync_all()
+        .map_err(|e| named("cannot sync", e))
+}
+
+/// [`sync_dir`] on the directory holding `file` (the current directory for
+/// a bare file name).
+pub fn sync_parent(file: &Path) -> io::Result<()> {
+    match file.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => sync_dir(dir),
+        _ => sync_dir(Path::new(".")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sync_dir_succeeds_on_a_directory_and_names_a_missing_one() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), b"x").unwrap();
+        sync_dir(dir.path()).unwrap();
+        sync_parent(&dir.path().join("f")).unwrap();
+        sync_parent(Path::new("relative-file-name")).unwrap();
+        let missing = dir.path().join("missing");
+        let err = sync_dir(&missing).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::NotFound);
+        let text = err.to_string();
+        assert!(
+            text.contains("cannot open directory") && text.contains(&*missing.to_string_lossy()),
+            "the error names the directory: {text}"
+        );
     }
 }

@@ -49,7 +49,8 @@ pub struct FileDevice {
 }
 
 impl FileDevice {
-    /// Open `path`, creating it with `capacity` bytes if it does not exist.
+    /// Open `path`, creating it with `capacity` bytes if it does not exist
+    /// (and syncing its directory, so the new file is durable).
     /// An existing file must have exactly `capacity` bytes.
     pub fn open_or_create(path: &Path, capacity: u64, direct: bool) -> io::Result<Self> {
         let mut opts = OpenOptions::new();
@@ -61,6 +62,8 @@ impl FileDevice {
         let len = file.metadata()?.len();
         if len == 0 {
             crate::files::reserve(&file, capacity)?;
+            // A new file: its name must survive a power loss as its data will.
+            crate::files::sync_parent(path)?;
         } else if len != capacity {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,

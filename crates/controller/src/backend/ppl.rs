@@ -89,7 +89,7 @@ pub struct PartialParityLog {
 
 impl PartialParityLog {
     /// Opens `ppl.log` in `dir` with `entries` entries, creating it (all
-    /// entries empty) when missing.
+    /// entries empty, `dir` synced so the new file lasts) when missing.
     pub fn open(dir: &Path, entries: usize) -> std::io::Result<Self> {
         let path = dir.join("ppl.log");
         let file = std::fs::OpenOptions::new()
@@ -99,8 +99,13 @@ impl PartialParityLog {
             .truncate(false)
             .open(&path)?;
         let len = (entries * ENTRY_BYTES) as u64;
-        if file.metadata()?.len() < len {
+        let had = file.metadata()?.len();
+        if had < len {
             file.set_len(len)?;
+        }
+        if had == 0 {
+            // Created: its name must last as long as its entries.
+            crate::files::sync_dir(dir)?;
         }
         Ok(PartialParityLog {
             file,

@@ -208,8 +208,8 @@ impl RenameMap {
         )
     }
 
-    /// Open (or create) the map of a volume of `tracks` in `dir` and load
-    /// its committed entries.
+    /// Open (or create, syncing `dir` so the new files last) the map of a
+    /// volume of `tracks` in `dir` and load its committed entries.
     pub fn open(dir: &Path, tracks: u64) -> Result<Self, RenameMapError> {
         let (map_path, area_path) = Self::paths(dir);
         let opts = || {
@@ -217,6 +217,7 @@ impl RenameMap {
             o.read(true).write(true).create(true).truncate(false);
             o
         };
+        let created = !map_path.exists() || !area_path.exists();
         let map = opts().open(&map_path).map_err(io(&map_path))?;
         let area = opts().open(&area_path).map_err(io(&area_path))?;
         let len = map.metadata().map_err(io(&map_path))?.len();
@@ -224,6 +225,12 @@ impl RenameMap {
             write_header(&map, &map_path, tracks)?;
         } else {
             check_header(&map, &map_path, len, tracks)?;
+        }
+        if created {
+            // A new file's header and name must last as its entries or
+            // slots will.
+            map.sync_data().map_err(io(&map_path))?;
+            crate::files::sync_dir(dir).map_err(io(&map_path))?;
         }
         let (live, generation) = load_entries(&map, &map_path, tracks)?;
         let slots = live.values().map(|r| r.slot + 1).max().unwrap_or(0);

@@ -305,6 +305,10 @@ impl Nvs {
             let c = crc(&hw[0..4]);
             hw[4..8].copy_from_slice(&c.to_le_bytes());
             file.write_all_at(&hw, 40).map_err(io)?;
+            // The superblock, then the new file's name, durable before any
+            // record is written (on /dev/shm both are nearly free).
+            file.sync_data().map_err(io)?;
+            crate::files::sync_parent(path).map_err(io)?;
             slot_count
         } else {
             Self::check_superblock(&file, path, len, size_bytes, volume_id)?

@@ -13,7 +13,8 @@ pub(super) fn write_label(dir: &Path, label: &Label) -> std::io::Result<()> {
     f.write_all(text.as_bytes())?;
     f.sync_data()?;
     std::fs::rename(&tmp, dir.join("volume.toml"))?;
-    std::fs::File::open(dir)?.sync_all()
+    // The rename is durable only once the directory is.
+    crate::files::sync_dir(dir)
 }
 
 impl Volume {

@@ -71,7 +71,7 @@ impl Inner {
             tracing::warn!(device = d, error = %e, "could not move the lost device's file aside");
         }
         let dev = FileDevice::open_or_create(&path, self.layout.device_bytes(), self.direct)?;
-        std::fs::File::open(&self.dir)?.sync_all()?;
+        crate::files::sync_dir(&self.dir)?;
         let m = &self.members[d];
         *m.dev.write() = Arc::new(dev);
         m.pulled.store(false, Ordering::Release);
