@@ -28,8 +28,12 @@
 //! The file is mapped shared; stores reach the page cache in program order
 //! as far as this process is concerned, so a record written before a reply
 //! survives the death of the process (SIGKILL, abort). On `/dev/shm` it does
-//! not survive a reboot; on a file on disk, [`Nvs::sync`] (`msync`) makes it
-//! survive a power loss.
+//! not survive a reboot; on a file on disk, [`Nvs::sync`] (`msync` of the
+//! slots, then `fdatasync` of the file for the superblock) makes it survive
+//! a power loss. The superblock and the new file's directory entry are
+//! synced when the file is created, and the high-water mark each time it is
+//! raised, before a slot above the old mark is handed out: a power loss
+//! never leaves a mark below a record that was synced.
 //!
 //! A record is written data first, then header bytes 4..64, then, after a
 //! release fence, the magic. A crash before the magic store leaves the slot
@@ -431,13 +435,16 @@ impl Nvs {
     }
 
     /// Persist a new high-water mark (before any slot below it but above the
-    /// old one is handed out).
+    /// old one is handed out): written and `fdatasync`ed, so a power loss
+    /// cannot leave a stale mark below records the scan must find. Raised
+    /// once per segment, so the sync is rare (and nearly free on /dev/shm).
     fn write_high_water(&self, hwm: u32) -> io::Result<()> {
         let mut b = [0u8; 8];
         b[0..4].copy_from_slice(&hwm.to_le_bytes());
         let c = crc(&b[0..4]);
         b[4..8].copy_from_slice(&c.to_le_bytes());
-        self._file.write_all_at(&b, 40)
+        self._file.write_all_at(&b, 40)?;
+        self._file.sync_data()
     }
 
     /// Slots below the high-water mark (the only ones that can hold records).
@@ -772,15 +779,19 @@ impl Nvs {
         self.space.notify_all();
     }
 
-    /// `msync` the whole NVS (for a file on persistent storage).
+    /// `msync` the whole NVS, then `fdatasync` the file for the superblock
+    /// (written with `pwrite`, outside the mappings): every record and the
+    /// high-water mark above them are then durable (for a file on
+    /// persistent storage).
     pub fn sync(&self) -> Result<(), NvsError> {
+        let io = |source| NvsError::Io {
+            path: self.path.clone(),
+            source,
+        };
         for segment in self.segments.iter() {
-            segment.lock().flush().map_err(|source| NvsError::Io {
-                path: self.path.clone(),
-                source,
-            })?;
+            segment.lock().flush().map_err(io)?;
         }
-        Ok(())
+        self._file.sync_data().map_err(io)
     }
 
     /// Refuse further reservations and wake every waiter.
@@ -944,6 +955,29 @@ mod tests {
         let (nvs, report) = open(dir.path());
         assert_eq!(nvs.high_water(), nvs.slot_count());
         assert_eq!(report.records.len(), 1, "still found");
+    }
+
+    #[test]
+    fn a_raised_high_water_mark_is_on_the_file_at_once_and_sync_succeeds_on_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let (nvs, _) = open(dir.path());
+        let slots = nvs.reserve(1, Duration::from_secs(1)).unwrap();
+        assert_eq!(nvs.high_water(), SEGMENT_SLOTS);
+        // Read through another handle while the NVS is open: the mark is
+        // in the file as soon as it is raised, not at close.
+        let other = File::open(dir.path().join("nvs")).unwrap();
+        assert_eq!(
+            Nvs::read_high_water(&other, nvs.slot_count()),
+            SEGMENT_SLOTS,
+            "the raised mark is written before the slot is handed out"
+        );
+        nvs.write_record(slots[0], 5, 1, &[3; TRACK_BYTES]);
+        nvs.sync()
+            .expect("msync and fdatasync of a file-backed NVS");
+        drop(nvs);
+        let (nvs, report) = open(dir.path());
+        assert_eq!(nvs.high_water(), SEGMENT_SLOTS, "a fresh open reads it");
+        assert_eq!(report.records.len(), 1);
     }
 
     #[test]
