@@ -67,6 +67,22 @@ pub enum Fault {
     /// with --raid mirror or parity serves around it and rebuilds a
     /// replacement (rung 7); refused without redundancy.
     LoseDevice,
+    /// The next --count writes to a replacement device during a rebuild
+    /// fail (a failing disk): the rebuild stops and tries again (rung 7).
+    RebuildError,
+    /// Backend device --device N fails --op (read, write or sync) with
+    /// --errno (eio [default] or enospc), with probability --rate, --count
+    /// times [default: unlimited, until `inject clear`]; --torn lands half
+    /// of a write first.
+    DeviceError,
+    /// Backend device --device N's I/O (or only --op) takes --duration
+    /// longer, with probability --rate, until `inject clear`.
+    DeviceLatency,
+    /// End the server as at a power cut: device writes no sync covered
+    /// are undone, the NVS is lost unless it is on persistent storage with
+    /// --flush nvs, the recovery box is lost (the server must run with
+    /// --power-loss-tracking).
+    PowerLoss,
     /// Roll the controller back to its last checkpoint now (rung 3; the
     /// server must run with --output-commit: held writes dropped, the
     /// open epoch's requests run again)
@@ -108,9 +124,19 @@ pub struct InjectArgs {
     /// record and cached copy).
     #[arg(long, value_name = "N")]
     track: Option<u64>,
-    /// Backend device number (unsolicited-completion [default: 0], lose-device).
+    /// Backend device number (unsolicited-completion [default: 0],
+    /// lose-device, device-error, device-latency).
     #[arg(long, value_name = "N")]
     device: Option<u32>,
+    /// Device operation (device-error; device-latency [default: every I/O]).
+    #[arg(long, value_name = "OP", value_parser = ["read", "write", "sync"])]
+    op: Option<String>,
+    /// The error a failing device returns (device-error) [default: eio].
+    #[arg(long, value_name = "ERRNO", value_parser = ["eio", "enospc"])]
+    errno: Option<String>,
+    /// A failing write lands half of its sectors first (device-error --op write).
+    #[arg(long)]
+    torn: bool,
     /// Probability per evaluation or dispatch [default: 1 at a point, 1e-4 for a group].
     #[arg(long, value_name = "P")]
     rate: Option<f64>,
@@ -123,6 +149,33 @@ pub struct InjectArgs {
 }
 
 impl InjectArgs {
+    /// The words of `device-error` and `device-latency`.
+    fn device_fault(&self) -> anyhow::Result<String> {
+        let needs = |what: &Option<String>, flag: &str| -> anyhow::Result<String> {
+            what.clone()
+                .ok_or_else(|| anyhow::anyhow!("{:?} needs {flag}", self.fault))
+        };
+        let d = needs(&self.device.map(|d| d.to_string()), "--device N")?;
+        if self.fault == Fault::DeviceLatency {
+            let op = self
+                .op
+                .as_ref()
+                .map_or(String::new(), |op| format!(" op={op}"));
+            return Ok(format!("device-latency {d}{op}"));
+        }
+        let mut line = format!(
+            "device-error {d} op={}",
+            needs(&self.op, "--op read|write|sync")?
+        );
+        if let Some(e) = &self.errno {
+            line += &format!(" errno={e}");
+        }
+        if self.torn {
+            line += " torn=true";
+        }
+        Ok(line)
+    }
+
     /// The request line for the admin socket.
     fn request(&self) -> anyhow::Result<String> {
         let mut line = String::from("inject ");
@@ -165,6 +218,12 @@ impl InjectArgs {
                 let d = self.device.map(|d| d.to_string());
                 line += &format!("lose-device {}", needs(&d, "--device N")?);
             }
+            Fault::RebuildError => {
+                line += &format!("rebuild-error {}", needs(&self.count, "--count N")?);
+                return Ok(line);
+            }
+            Fault::DeviceError | Fault::DeviceLatency => line += &self.device_fault()?,
+            Fault::PowerLoss => line += "power-loss",
             Fault::Rollback => line += "rollback",
             Fault::System => line += "system",
             Fault::AbandonBox => line += "abandon-box",
@@ -200,4 +259,81 @@ pub fn inject(args: InjectArgs) -> anyhow::Result<ExitCode> {
         controller::admin::request(&args.addr.path(), &line).map_err(anyhow::Error::msg)?;
     print!("{answer}");
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{FromArgMatches, Parser};
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        inject: InjectArgs,
+    }
+
+    fn line(argv: &[&str]) -> anyhow::Result<String> {
+        let m = <Cli as clap::CommandFactory>::command()
+            .no_binary_name(true)
+            .try_get_matches_from(argv)?;
+        Cli::from_arg_matches(&m)?.inject.request()
+    }
+
+    #[test]
+    fn device_faults_become_admin_requests_the_controller_parses() {
+        let cases = [
+            (
+                &[
+                    "device-error",
+                    "--device",
+                    "1",
+                    "--op",
+                    "write",
+                    "--errno",
+                    "enospc",
+                    "--rate",
+                    "0.5",
+                ][..],
+                "inject device-error 1 op=write errno=enospc rate=0.5",
+            ),
+            (
+                &[
+                    "device-error",
+                    "--device",
+                    "0",
+                    "--op",
+                    "write",
+                    "--torn",
+                    "--count",
+                    "2",
+                ][..],
+                "inject device-error 0 op=write torn=true count=2",
+            ),
+            (
+                &["device-latency", "--device", "2", "--duration", "50ms"][..],
+                "inject device-latency 2 duration=50ms",
+            ),
+            (&["power-loss"][..], "inject power-loss"),
+            (
+                &["rebuild-error", "--count", "3"][..],
+                "inject rebuild-error 3",
+            ),
+        ];
+        for (argv, want) in cases {
+            let got = line(argv).unwrap();
+            assert_eq!(got, want);
+            let words: Vec<&str> = got.split_whitespace().skip(1).collect();
+            controller::faults::Fault::parse(&words).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_device_fault_without_its_device_or_op_is_refused() {
+        let e = line(&["device-error", "--op", "read"]).unwrap_err();
+        assert!(e.to_string().contains("--device N"), "{e}");
+        let e = line(&["device-error", "--device", "0"]).unwrap_err();
+        assert!(e.to_string().contains("--op"), "{e}");
+        let e = line(&["device-error", "--device", "0", "--op", "trim"]).unwrap_err();
+        assert!(e.to_string().contains("read"), "{e}");
+    }
 }

@@ -82,6 +82,15 @@ pub struct ServeArgs {
     /// Open device files with O_DIRECT.
     #[arg(long)]
     direct_io: bool,
+    /// Write or sync errors (ENOSPC aside) after which a device of a
+    /// mirror or parity volume is declared lost and rebuilt [default: 3].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    device_error_limit: Option<u64>,
+    /// Keep, per device, what a power cut would undo, so `rebound inject
+    /// power-loss` can run (tests and benches: costs a read per device
+    /// write).
+    #[arg(long)]
+    power_loss_tracking: bool,
     /// Most concurrent NBD connections [default: 64].
     #[arg(long, value_name = "N")]
     max_connections: Option<usize>,
@@ -253,6 +262,12 @@ impl ServeArgs {
         if self.direct_io {
             c.direct_io = true;
         }
+        if let Some(v) = self.device_error_limit {
+            c.device_error_limit = v;
+        }
+        if self.power_loss_tracking {
+            c.power_loss_tracking = true;
+        }
         if let Some(v) = self.device_latency_us {
             c.device_latency.fixed_us = v;
         }
@@ -350,6 +365,8 @@ mod tests {
         ("flush", Some("nvs")),
         ("discard", Some("unmap")),
         ("direct_io", None),
+        ("device_error_limit", Some("5")),
+        ("power_loss_tracking", None),
         ("max_connections", Some("5")),
         ("connection_threads", Some("2")),
         ("device_queue_depth", Some("8")),

@@ -284,12 +284,16 @@ fn open_volume_and_nvs(
     config: &Config,
     recoveries: &Arc<RecoveryLog>,
 ) -> Result<(Volume, Nvs, bool, VolumeIdentity), OpenError> {
-    let volume = Volume::open_or_create(
+    let volume = Volume::open_with(
         &config.data_dir,
         config.volume_size,
         config.devices,
         config.raid,
-        config.direct_io,
+        crate::backend::volume::DeviceOptions {
+            direct: config.direct_io,
+            power_loss_tracking: config.power_loss_tracking,
+            error_limit: config.device_error_limit,
+        },
     )?;
     volume.attach_log(Arc::clone(recoveries));
     volume.set_rebuild_rate(config.rebuild_rate);

@@ -67,6 +67,109 @@ pub fn point_names() -> Vec<&'static str> {
 /// The longest stall or recovery an injected fault may ask for.
 pub const INJECTED_DURATION_MAX: Duration = Duration::from_secs(3600);
 
+/// Which device operation a fault applies to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeviceOp {
+    /// `pread`.
+    Read,
+    /// `pwrite` (and zeroing, which writes).
+    Write,
+    /// `fdatasync`.
+    Sync,
+}
+
+impl DeviceOp {
+    /// The flag's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Read => "read",
+            Self::Write => "write",
+            Self::Sync => "sync",
+        }
+    }
+
+    /// Parse the flag's spelling.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        match text {
+            "read" => Ok(Self::Read),
+            "write" => Ok(Self::Write),
+            "sync" => Ok(Self::Sync),
+            other => Err(format!("unknown device op {other:?} (read, write, sync)")),
+        }
+    }
+}
+
+/// The error an injected device fault returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Errno {
+    /// `EIO`: a medium or transport error.
+    Eio,
+    /// `ENOSPC`: the file system under the device file is full.
+    Enospc,
+}
+
+impl Errno {
+    /// The flag's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Eio => "eio",
+            Self::Enospc => "enospc",
+        }
+    }
+
+    /// Parse the flag's spelling.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        match text {
+            "eio" => Ok(Self::Eio),
+            "enospc" => Ok(Self::Enospc),
+            other => Err(format!("unknown errno {other:?} (eio, enospc)")),
+        }
+    }
+
+    /// The error device `device` returns for `op`.
+    pub fn error(self, device: usize, op: DeviceOp) -> std::io::Error {
+        let code = match self {
+            Self::Eio => libc::EIO,
+            Self::Enospc => libc::ENOSPC,
+        };
+        let e = std::io::Error::from_raw_os_error(code);
+        std::io::Error::new(
+            e.kind(),
+            format!("device {device}: {} failed: {e} (injected)", op.name()),
+        )
+    }
+}
+
+/// One fault armed on a device.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum DeviceFault {
+    /// `op` fails with `errno`, with probability `rate` per I/O, `count`
+    /// times (`None`: until cleared). A torn write lands the first half of
+    /// its sectors before failing.
+    Error {
+        /// The operation.
+        op: DeviceOp,
+        /// The error.
+        errno: Errno,
+        /// Probability per I/O.
+        rate: f64,
+        /// Times it fires (`None`: unlimited).
+        count: Option<u64>,
+        /// Writes only: part of the write lands first.
+        torn: bool,
+    },
+    /// Every I/O (or only `op`) takes `delay` longer, with probability
+    /// `rate`.
+    Latency {
+        /// The operation (`None`: all).
+        op: Option<DeviceOp>,
+        /// The added time.
+        delay: Duration,
+        /// Probability per I/O.
+        rate: f64,
+    },
+}
+
 /// One fault to inject, as parsed from `inject ...` words.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Fault {
@@ -100,6 +203,17 @@ pub enum Fault {
     LoseDevice(usize),
     /// The next writes to a replacement device during a rebuild fail.
     RebuildError(u64),
+    /// The environment's fault on backend device `device`: errors or
+    /// latency at the backend door ([`crate::backend::faulty`]).
+    Device {
+        /// The device number.
+        device: usize,
+        /// What it does.
+        fault: DeviceFault,
+    },
+    /// Cut the power: undo what no device sync covered, lose a volatile
+    /// NVS and the recovery box, end the process.
+    PowerLoss,
     /// Roll back to the last checkpoint now (rung 3).
     Rollback,
     /// Run a system-level recovery now (rung 4).
@@ -110,12 +224,12 @@ pub enum Fault {
     Crash,
     /// Invalidate the recovery box, then abort (rung 6 at the next start).
     CrashDamagedBox,
-    /// Disarm every fault point and group injection.
+    /// Disarm every fault point, group injection and device fault.
     Clear,
 }
 
 /// What `inject` with no or a wrong fault answers.
-const FAULTS: &str = "panic POINT, fail POINT, delay POINT, hang POINT, group-fault GROUP, corrupt-frame TRACK, corrupt-directory TRACK, corrupt-record TRACK, unsolicited-completion [DEVICE], lose-device DEVICE, rebuild-error COUNT, rollback, system, abandon-box, crash, crash-damaged-box, clear";
+const FAULTS: &str = "panic POINT, fail POINT, delay POINT, hang POINT, group-fault GROUP, corrupt-frame TRACK, corrupt-directory TRACK, corrupt-record TRACK, unsolicited-completion [DEVICE], lose-device DEVICE, rebuild-error COUNT, device-error DEVICE op=read|write|sync [errno=eio|enospc], device-latency DEVICE duration=D, power-loss, rollback, system, abandon-box, crash, crash-damaged-box, clear";
 
 impl Fault {
     /// Parse the words after `inject`.
@@ -125,34 +239,7 @@ impl Fault {
                 kind @ ("panic" | "fail" | "delay" | "hang"),
                 point,
                 opts @ ..,
-            ] => {
-                let point = POINTS
-                    .iter()
-                    .map(|p| p.name())
-                    .find(|name| name == point)
-                    .ok_or_else(|| {
-                        format!(
-                            "unknown fault point {point:?}; points: {}",
-                            point_names().join(", ")
-                        )
-                    })?;
-                let opts = Options::parse(opts, &["rate", "count", "duration"])?;
-                let (kind, action) = match *kind {
-                    "panic" => ("panic", FaultAction::Panic),
-                    "fail" => ("fail", FaultAction::Fail(rcs::FailureClass::State)),
-                    "hang" => ("hang", FaultAction::Hang(opts.duration(None)?)),
-                    _ => ("delay", FaultAction::Delay(opts.duration(None)?)),
-                };
-                Self::Point {
-                    kind,
-                    point,
-                    config: FaultConfig {
-                        action,
-                        probability: opts.rate(1.0)?,
-                        count: opts.count()?,
-                    },
-                }
-            }
+            ] => Self::parse_point(kind, point, opts)?,
             ["group-fault", group, opts @ ..] => {
                 let opts = Options::parse(opts, &["rate", "duration"])?;
                 Self::GroupFault {
@@ -185,6 +272,10 @@ impl Fault {
             ["rebuild-error", n] => {
                 Self::RebuildError(number(n, "rebuild-error COUNT", "a count")?)
             }
+            [kind @ ("device-error" | "device-latency"), d, opts @ ..] => {
+                Self::parse_device(kind, d, opts)?
+            }
+            ["power-loss"] => Self::PowerLoss,
             ["rollback"] => Self::Rollback,
             ["system"] => Self::System,
             ["abandon-box"] => Self::AbandonBox,
@@ -200,10 +291,79 @@ impl Fault {
         })
     }
 
+    /// `panic|fail|delay|hang POINT [rate=P] [count=N] [duration=D]`.
+    fn parse_point(kind: &str, point: &str, opts: &[&str]) -> Result<Self, String> {
+        let point = POINTS
+            .iter()
+            .map(|p| p.name())
+            .find(|name| *name == point)
+            .ok_or_else(|| {
+                format!(
+                    "unknown fault point {point:?}; points: {}",
+                    point_names().join(", ")
+                )
+            })?;
+        let opts = Options::parse(opts, &["rate", "count", "duration"])?;
+        let (kind, action) = match kind {
+            "panic" => ("panic", FaultAction::Panic),
+            "fail" => ("fail", FaultAction::Fail(rcs::FailureClass::State)),
+            "hang" => ("hang", FaultAction::Hang(opts.duration(None)?)),
+            _ => ("delay", FaultAction::Delay(opts.duration(None)?)),
+        };
+        Ok(Self::Point {
+            kind,
+            point,
+            config: FaultConfig {
+                action,
+                probability: opts.rate(1.0)?,
+                count: opts.count()?,
+            },
+        })
+    }
+
+    /// `device-error DEVICE ...` and `device-latency DEVICE ...`.
+    fn parse_device(kind: &str, d: &str, opts: &[&str]) -> Result<Self, String> {
+        if kind == "device-latency" {
+            let opts = Options::parse(opts, &["op", "rate", "duration"])?;
+            return Ok(Self::Device {
+                device: number(d, "device-latency DEVICE", "a device number")?,
+                fault: DeviceFault::Latency {
+                    op: opts.get("op").map(DeviceOp::parse).transpose()?,
+                    delay: opts.duration(None)?,
+                    rate: opts.rate(1.0)?,
+                },
+            });
+        }
+        let opts = Options::parse(opts, &["op", "errno", "rate", "count", "torn"])?;
+        let op = DeviceOp::parse(
+            opts.get("op")
+                .ok_or("device-error needs op=read|write|sync (the operation that fails)")?,
+        )?;
+        let torn = match opts.get("torn") {
+            None | Some("false") => false,
+            Some("true") if op == DeviceOp::Write => true,
+            Some("true") => return Err("torn=true tears writes only (op=write)".into()),
+            Some(v) => return Err(format!("torn={v:?} must be true or false")),
+        };
+        Ok(Self::Device {
+            device: number(d, "device-error DEVICE", "a device number")?,
+            fault: DeviceFault::Error {
+                op,
+                errno: Errno::parse(opts.get("errno").unwrap_or("eio"))?,
+                rate: opts.rate(1.0)?,
+                count: opts.count_or(None)?,
+                torn,
+            },
+        })
+    }
+
     /// Whether the configuration may arm it at start-up: the fault points
     /// and the group emulation (the rest act once, on a running server).
     pub fn armable_at_start(&self) -> bool {
-        matches!(self, Self::Point { .. } | Self::GroupFault { .. })
+        matches!(
+            self,
+            Self::Point { .. } | Self::GroupFault { .. } | Self::Device { .. }
+        )
     }
 }
 
@@ -271,8 +431,12 @@ impl<'a> Options<'a> {
     }
 
     fn count(&self) -> Result<Option<u64>, String> {
+        self.count_or(Some(1))
+    }
+
+    fn count_or(&self, default: Option<u64>) -> Result<Option<u64>, String> {
         match self.get("count") {
-            None => Ok(Some(1)),
+            None => Ok(default),
             Some("unlimited") => Ok(None),
             Some(v) => match v.parse::<u64>() {
                 Ok(0) | Err(_) => Err(format!(
@@ -344,6 +508,56 @@ mod tests {
     }
 
     #[test]
+    fn device_faults_parse_with_defaults_and_refuse_bad_words() {
+        let f = Fault::parse(&["device-error", "2", "op=sync", "errno=enospc", "rate=0.25"]);
+        assert_eq!(
+            f.unwrap(),
+            Fault::Device {
+                device: 2,
+                fault: DeviceFault::Error {
+                    op: DeviceOp::Sync,
+                    errno: Errno::Enospc,
+                    rate: 0.25,
+                    count: None,
+                    torn: false,
+                },
+            },
+            "a failing device keeps failing until cleared"
+        );
+        let f = Fault::parse(&["device-error", "0", "op=write", "count=3", "torn=true"]).unwrap();
+        let Fault::Device {
+            fault: DeviceFault::Error {
+                errno, count, torn, ..
+            },
+            ..
+        } = f
+        else {
+            panic!("{f:?}")
+        };
+        assert_eq!((errno, count, torn), (Errno::Eio, Some(3), true));
+        let f = Fault::parse(&["device-latency", "1", "duration=50ms"]).unwrap();
+        assert_eq!(
+            f,
+            Fault::Device {
+                device: 1,
+                fault: DeviceFault::Latency {
+                    op: None,
+                    delay: Duration::from_millis(50),
+                    rate: 1.0,
+                },
+            }
+        );
+        let err = |w: &[&str]| Fault::parse(w).unwrap_err();
+        assert!(err(&["device-error", "0"]).contains("needs op="));
+        assert!(err(&["device-error", "0", "op=erase"]).contains("read, write, sync"));
+        assert!(err(&["device-error", "0", "op=read", "errno=eperm"]).contains("eio, enospc"));
+        assert!(err(&["device-error", "0", "op=read", "torn=true"]).contains("writes only"));
+        assert!(err(&["device-error", "x", "op=read"]).contains("not a device number"));
+        assert!(err(&["device-latency", "0"]).contains("duration=D is required"));
+        assert!(Fault::parse(&["power-loss"]).unwrap() == Fault::PowerLoss);
+    }
+
+    #[test]
     fn only_point_and_group_faults_are_armable_at_start() {
         assert!(
             Fault::parse(&["group-fault", "cache"])
@@ -356,6 +570,12 @@ mod tests {
                 .armable_at_start()
         );
         assert!(!Fault::parse(&["crash"]).unwrap().armable_at_start());
+        assert!(!Fault::parse(&["power-loss"]).unwrap().armable_at_start());
+        assert!(
+            Fault::parse(&["device-error", "0", "op=write"])
+                .unwrap()
+                .armable_at_start()
+        );
         assert!(
             !Fault::parse(&["lose-device", "0"])
                 .unwrap()

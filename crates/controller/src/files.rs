@@ -55,9 +55,40 @@ pub fn sync_parent(file: &Path) -> io::Result<()> {
     }
 }
 
+/// Whether `path` lives in memory (tmpfs or ramfs, as `/dev/shm` does):
+/// what is there does not survive a power loss. Read from the longest
+/// mount point in `/proc/self/mounts` holding the canonical path; `false`
+/// when that cannot be told.
+pub fn is_volatile(path: &Path) -> bool {
+    let Ok(path) = path.canonicalize() else {
+        return false;
+    };
+    let Ok(mounts) = std::fs::read_to_string("/proc/self/mounts") else {
+        return false;
+    };
+    mounts
+        .lines()
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            let (_, point, kind) = (words.next()?, words.next()?, words.next()?);
+            // Octal escapes (`\040` for a space) are rare in mount points;
+            // such a mount simply never matches.
+            path.starts_with(point).then_some((point.len(), kind))
+        })
+        .max_by_key(|&(len, _)| len)
+        .is_some_and(|(_, kind)| matches!(kind, "tmpfs" | "ramfs"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shm_is_volatile_and_proc_or_a_missing_path_is_not() {
+        assert!(is_volatile(Path::new("/dev/shm")));
+        assert!(!is_volatile(Path::new("/proc/self")));
+        assert!(!is_volatile(Path::new("/nonexistent/path")));
+    }
 
     #[test]
     fn sync_dir_succeeds_on_a_directory_and_names_a_missing_one() {

@@ -123,6 +123,8 @@ pub struct Gauges {
     pub control_blocks: (u64, u64),
     /// Devices lost or rebuilding, and replacement slots still to rebuild.
     pub volume: (u64, u64),
+    /// Per device: errors seen on read, write, sync.
+    pub device_errors: Vec<[u64; 3]>,
 }
 
 /// One rung's recovery totals for the exposition.
@@ -175,6 +177,7 @@ impl Metrics {
         write_samples(&mut out, self.recovery_and_volume_samples(g));
         render_ratios(&mut out, g);
         render_rungs(&mut out, g);
+        render_device_errors(&mut out, g);
         if let Some(r) = &g.rcs {
             render_rcs(&mut out, r);
         }
@@ -440,6 +443,20 @@ fn render_ratios(out: &mut String, g: &Gauges) {
         out,
         "# HELP rebound_nvs_fill_ratio Fraction of NVS slots in use.\n# TYPE rebound_nvs_fill_ratio gauge\nrebound_nvs_fill_ratio {fill}"
     );
+}
+
+/// Device errors by device and operation (the failing device, named).
+fn render_device_errors(out: &mut String, g: &Gauges) {
+    let name = "rebound_device_errors_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Errors the backend devices returned, by device and operation.\n# TYPE {name} counter"
+    );
+    for (d, errors) in g.device_errors.iter().enumerate() {
+        for (op, n) in ["read", "write", "sync"].iter().zip(errors) {
+            let _ = writeln!(out, "{name}{{device=\"{d}\",op=\"{op}\"}} {n}");
+        }
+    }
 }
 
 /// Recoveries, time spent and requests affected, by rung of the ladder.

@@ -18,18 +18,22 @@
 //! | module | concept |
 //! |---|---|
 //! | [`device`] | a backend device (file, `pread`/`pwrite`, optional `O_DIRECT`) and its latency model |
+//! | [`faulty`] | the environment's faults at the door: device errors, torn writes, latency, power loss |
 //! | [`devqueue`] | device submission queues: queue full, unsolicited completions (rung 1) |
 //! | [`raid`] | where a track's copies or stripe live (none, mirror, parity) |
 //! | [`ppl`] | the partial parity log closing the RAID-5 write hole |
 //! | [`volume`] | label, devices, degraded I/O, rebuild of a lost device (rung 7) |
 //! | [`renamemap`] | output commit's rename area and its durable map |
+//! | [`syncgate`] | group commit of device syncs, keeping `fdatasync`'s error semantics |
 //! | [`pseudodev`] | output commit's pseudo-device: the door to the volume (rung 3) |
 
 #[allow(unsafe_code)]
 pub mod device;
 pub mod devqueue;
+pub mod faulty;
 pub mod ppl;
 pub mod pseudodev;
 pub mod raid;
 pub mod renamemap;
+pub mod syncgate;
 pub mod volume;

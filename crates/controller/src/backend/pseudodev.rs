@@ -414,8 +414,10 @@ impl PseudoDevice {
                     .and_then(|()| volume.write_track(track, &buf)),
             };
             if let Err(e) = written {
-                // Left held: the next commit tries again.
+                // Left held, and back in the order: the next commit tries
+                // again (its destage stays in flight until then).
                 tracing::error!(track, error = %e, "output commit: writing a held track failed");
+                st.order.entry(epoch).or_default().push(track);
                 result = Err(e);
                 continue;
             }

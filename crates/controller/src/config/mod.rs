@@ -25,6 +25,8 @@
 //! flush = "devices"
 //! discard = "keep"                         # TRIM/WRITE_ZEROES: keep (space stays allocated) | unmap (punch holes)
 //! direct_io = false
+//! device_error_limit = 3                   # write/sync errors before a redundant volume's device is lost
+//! power_loss_tracking = false              # keep what a power cut would undo (`inject power-loss`; tests)
 //! max_connections = 64
 //! connection_threads = 4                   # per connection: read requests in turns, run them
 //! device_queue_depth = 32                  # per device; a full queue backs off (rung 1)
@@ -222,6 +224,13 @@ pub struct Config {
     pub discard: Discard,
     /// Open device files with `O_DIRECT`.
     pub direct_io: bool,
+    /// Write or sync errors (not `ENOSPC`) after which a device of a
+    /// redundant volume is declared lost.
+    pub device_error_limit: u64,
+    /// Keep, per device, what a power cut would undo, so `rebound inject
+    /// power-loss` can run (tests and benches: it costs a read per device
+    /// write).
+    pub power_loss_tracking: bool,
     /// Most concurrent NBD connections.
     pub max_connections: usize,
     /// Threads per connection: they take turns reading requests and run
@@ -281,6 +290,8 @@ impl Default for Config {
             flush: FlushPolicy::Devices,
             discard: Discard::Keep,
             direct_io: false,
+            device_error_limit: crate::backend::volume::DEVICE_ERROR_LIMIT,
+            power_loss_tracking: false,
             max_connections: 64,
             connection_threads: 4,
             device_queue_depth: 32,
@@ -396,6 +407,12 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.validate_inject()?;
         self.validate_volume_geometry()?;
+        if self.device_error_limit == 0 {
+            return Err(invalid(
+                "device_error_limit",
+                "must be at least 1 (errors before a device is declared lost)",
+            ));
+        }
         self.validate_admin_path()?;
         self.validate_devices_fit_volume()?;
         self.validate_nvs_and_cache_sizes()?;
@@ -415,7 +432,7 @@ impl Config {
                 return Err(invalid(
                     "inject",
                     format!(
-                        "{entry:?}: at start only `panic|fail|delay|hang POINT [rate=P] [count=N] [duration=D]` and `group-fault GROUP [rate=P] [duration=D]` can be armed"
+                        "{entry:?}: at start only `panic|fail|delay|hang POINT [rate=P] [count=N] [duration=D]` `group-fault GROUP [rate=P] [duration=D]` and `device-error`/`device-latency DEVICE ...` can be armed"
                     ),
                 ));
             }

@@ -28,7 +28,10 @@
 //! | `inject abandon-box` | invalidate the recovery box and stop keeping it (a corrupt box: rung 4 rebuilds from an NVS scan, the next start is a hard restart) |
 //! | `inject crash` | abort the process (rung 5 at the next start) |
 //! | `inject crash-damaged-box` | invalidate the recovery box, then abort (rung 6 at the next start) |
-//! | `inject clear` | disarm every fault point and group injection |
+//! | `inject device-error DEVICE op=read\|write\|sync [errno=eio\|enospc] [rate=P] [count=N\|unlimited] [torn=true]` | the environment's fault at the backend door: DEVICE's op fails (default EIO, every time, until cleared); `torn=true` lands half of a write first |
+//! | `inject device-latency DEVICE duration=D [op=...] [rate=P]` | DEVICE's I/O (or only op) takes D longer, until cleared |
+//! | `inject power-loss` | the process ends as at a power cut: device writes no sync covered are undone at random, the NVS is lost unless it is persistent with `--flush nvs`, the recovery box is lost (needs `--power-loss-tracking`) |
+//! | `inject clear` | disarm every fault point, group injection and device fault |
 //!
 //! The fault points and the grammar of `inject` are declared once, in
 //! [`crate::faults`]; [`crate::engine::inject::arm`] arms them. Defaults:
@@ -134,6 +137,7 @@ fn handle(stream: UnixStream, ctl: &Arc<Controller>) -> std::io::Result<()> {
     };
     let oversized = line.len() > REQUEST_BYTES_MAX;
     let mut out = &stream;
+    let answered_ok = answer.is_ok();
     match answer {
         Ok(text) => write!(out, "ok\n{text}")?,
         Err(why) => writeln!(out, "error: {why}")?,
@@ -146,6 +150,10 @@ fn handle(stream: UnixStream, ctl: &Arc<Controller>) -> std::io::Result<()> {
         stream.shutdown(std::net::Shutdown::Write)?;
         stream.set_read_timeout(Some(Duration::from_millis(200)))?;
         let _ = std::io::copy(&mut (&stream).take(1 << 20), &mut std::io::sink());
+    }
+    if line.trim() == "inject power-loss" && answered_ok {
+        tracing::error!("power loss injected through the admin socket: ending now");
+        std::process::abort();
     }
     if line.trim() == "inject crash" || line.trim() == "inject crash-damaged-box" {
         crash(ctl, line.trim() == "inject crash-damaged-box");

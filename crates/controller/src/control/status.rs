@@ -143,10 +143,26 @@ fn volume_and_devices(out: &mut String, ctl: &Controller) {
         }
     );
     for (i, h) in health.iter().enumerate() {
+        let [r, w, s] = h.errors;
+        let troubles = if r + w + s > 0 || h.armed > 0 {
+            format!(
+                "; errors: read {r}, write {w}, sync {s}{}{}",
+                h.last_error
+                    .as_ref()
+                    .map_or(String::new(), |e| format!(" (last: {e})")),
+                if h.armed > 0 {
+                    format!("; {} injected faults armed", h.armed)
+                } else {
+                    String::new()
+                }
+            )
+        } else {
+            String::new()
+        };
         let _ = match h.state {
             "rebuilding" => writeln!(
                 out,
-                "device {i} {}: rebuilding, {:.1}% ({} of {} slots){}",
+                "device {i} {}: rebuilding, {:.1}% ({} of {} slots){}{troubles}",
                 h.path.display(),
                 h.rebuilt_slots as f64 * 100.0 / h.slots.max(1) as f64,
                 h.rebuilt_slots,
@@ -157,7 +173,7 @@ fn volume_and_devices(out: &mut String, ctl: &Controller) {
             ),
             state => writeln!(
                 out,
-                "device {i} {}: {state}{}",
+                "device {i} {}: {state}{}{troubles}",
                 h.path.display(),
                 h.stalled
                     .as_ref()

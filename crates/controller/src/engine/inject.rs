@@ -11,6 +11,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::backend::faulty::DeviceFault;
+use crate::config::FlushPolicy;
 use crate::engine::Engine;
 use crate::faults::Fault;
 use crate::recovery::Rung;
@@ -60,6 +62,14 @@ pub fn arm(engine: &Arc<Engine>, fault: &Fault) -> Result<String, String> {
                 "the next {count} writes to a replacement device during a rebuild fail: the rebuild stops and tries again (see status)\n"
             ))
         }
+        Fault::Device { device, fault } => {
+            engine.volume.arm_device_fault(*device, *fault)?;
+            Ok(format!(
+                "device {device}: {} (see status)\n",
+                describe(fault)
+            ))
+        }
+        Fault::PowerLoss => power_loss(engine),
         Fault::AbandonBox => {
             engine.journal.abandon();
             Ok("recovery box invalidated: rung 4 now rebuilds from an NVS scan, and the next start is a hard restart\n".into())
@@ -71,9 +81,69 @@ pub fn arm(engine: &Arc<Engine>, fault: &Fault) -> Result<String, String> {
             for g in engine.runtime().metrics().groups {
                 let _ = engine.runtime().inject(g.id, 0.0, Duration::ZERO);
             }
-            Ok("every fault point and group injection disarmed\n".into())
+            engine.volume.clear_device_faults();
+            Ok("every fault point, group injection and device fault disarmed\n".into())
         }
     }
+}
+
+/// A device fault in words.
+fn describe(fault: &DeviceFault) -> String {
+    let times =
+        |count: &Option<u64>| count.map_or("until cleared".into(), |n| format!("{n} times"));
+    match fault {
+        DeviceFault::Error {
+            op,
+            errno,
+            rate,
+            count,
+            torn,
+        } => format!(
+            "{}{} fails with {} (probability {rate}, {})",
+            if *torn { "torn " } else { "" },
+            op.name(),
+            errno.name().to_uppercase(),
+            times(count)
+        ),
+        DeviceFault::Latency { op, delay, rate } => format!(
+            "{} takes {delay:?} longer (probability {rate}, until cleared)",
+            op.map_or("every I/O", |o| o.name())
+        ),
+    }
+}
+
+/// Cut the power (the admin socket ends the process after the answer):
+/// undo the device writes no sync covered, lose the NVS unless it is on
+/// persistent storage with `--flush nvs` (persistent memory: its stores
+/// survive), and lose the recovery box (it lives in memory).
+fn power_loss(engine: &Engine) -> Result<String, String> {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64);
+    let (back, kept) = engine.volume.power_cut(seed)?;
+    let nvs = engine.nvs.path();
+    let nvs_survives = engine.config.flush == FlushPolicy::Nvs && !crate::files::is_volatile(nvs);
+    let mut lost = Vec::new();
+    if !nvs_survives {
+        lost.push(nvs.to_owned());
+    }
+    lost.push(engine.config.box_path());
+    for path in &lost {
+        if let Err(e) = std::fs::remove_file(path)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            return Err(format!("power loss: removing {}: {e}", path.display()));
+        }
+    }
+    tracing::error!(back, kept, nvs_survives, "power loss injected");
+    Ok(format!(
+        "power lost: {back} device blocks written since their last sync put back, {kept} kept; NVS {}; recovery box lost\n",
+        if nvs_survives {
+            "kept (persistent, --flush nvs)"
+        } else {
+            "lost"
+        }
+    ))
 }
 
 /// Make `group`'s tasks fail at dispatch with probability `rate`, each

@@ -206,6 +206,7 @@ impl Engine {
             device_queue: self.queues.iter().fold((0, 0), |(f, u), q| {
                 (f + q.full_count(), u + q.unsolicited_count())
             }),
+            device_errors: self.volume.health().iter().map(|h| h.errors).collect(),
             volume: self
                 .volume
                 .health()

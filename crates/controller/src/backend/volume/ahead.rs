@@ -66,7 +66,8 @@ impl Inner {
         };
         self.xor_of(stripe, rest, &mut buf).map_err(fault)?;
         self.write_slot(d, stripe, &buf).map_err(fault)?;
-        self.on(d, |dev| dev.sync()).map_err(fault)?;
+        self.on(d, DeviceOp::Sync, |dev| dev.sync())
+            .map_err(fault)?;
         let label = self.label.lock();
         if m.state.load(Ordering::Acquire) != REBUILDING {
             return Err(format!("device {d} was lost again"));

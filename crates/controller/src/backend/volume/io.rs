@@ -14,8 +14,10 @@ pub(super) fn ppl_error(log: &PartialParityLog, e: std::io::Error) -> std::io::E
 }
 
 impl Inner {
-    /// Run `op`, marking a failing device lost and trying again (redundant
-    /// volumes), at most once per device.
+    /// Run `op`; a device error is returned as it is, except on a
+    /// redundant volume whose device has now failed often enough to be
+    /// declared lost ([`Inner::strike`]): then `op` is tried again around
+    /// it, at most once per device.
     pub(super) fn retry<T>(
         self: &Arc<Self>,
         mut op: impl FnMut(&Arc<Self>) -> Result<T, Fault>,
@@ -25,21 +27,43 @@ impl Inner {
                 Ok(v) => return Ok(v),
                 Err(Fault::Io(e)) => return Err(e),
                 Err(Fault::Device(d, e)) => {
-                    if !self.layout.raid().redundant() {
+                    if !Self::strike(self, d, &e)? {
                         return Err(e);
                     }
-                    Self::fail(self, d, &e);
                 }
             }
         }
         Err(std::io::Error::other("every device of the volume failed"))
     }
 
-    /// Device `d`'s I/O `f`; an error (other than a refused request) is the
-    /// device's fault.
+    /// Count device `d`'s error `e` towards declaring it lost; whether it
+    /// is lost now (the I/O may go around it). Never for a volume without
+    /// redundancy, never for `ENOSPC` (a full file system is not a failed
+    /// device, and losing one over it could cascade into a second loss on
+    /// the same file system). An error when the loss cannot be recorded in
+    /// the label: the device is not skipped then.
+    pub(super) fn strike(self: &Arc<Self>, d: usize, e: &std::io::Error) -> std::io::Result<bool> {
+        if !self.layout.raid().redundant() || e.kind() == std::io::ErrorKind::StorageFull {
+            return Ok(false);
+        }
+        let m = &self.members[d];
+        if m.state.load(Ordering::Acquire) == LOST {
+            return Ok(true);
+        }
+        let strikes = m.strikes.fetch_add(1, Ordering::AcqRel) + 1;
+        if strikes < self.options.error_limit && !m.pulled.load(Ordering::Acquire) {
+            tracing::warn!(device = d, strikes, limit = self.options.error_limit, error = %e, "device error");
+            return Ok(false);
+        }
+        Self::fail(self, d, e).map(|()| true)
+    }
+
+    /// Device `d`'s I/O `f` of kind `op`; an error (other than a refused
+    /// request) is the device's fault, counted in its health.
     pub(super) fn on<T>(
         &self,
         d: usize,
+        op: DeviceOp,
         f: impl FnOnce(&dyn Device) -> std::io::Result<T>,
     ) -> Result<T, Fault> {
         let m = &self.members[d];
@@ -55,17 +79,23 @@ impl Inner {
             if e.kind() == std::io::ErrorKind::InvalidInput {
                 Fault::Io(e)
             } else {
+                m.errors[op as usize].fetch_add(1, Ordering::Relaxed);
+                *m.last_error.lock() = Some(format!("{}: {e}", op.name()));
                 Fault::Device(d, e)
             }
         })
     }
 
     pub(super) fn read_slot(&self, d: usize, slot: u64, out: &mut [u8]) -> Result<(), Fault> {
-        self.on(d, |dev| dev.read_at(out, slot * TRACK_BYTES as u64))
+        self.on(d, DeviceOp::Read, |dev| {
+            dev.read_at(out, slot * TRACK_BYTES as u64)
+        })
     }
 
     pub(super) fn write_slot(&self, d: usize, slot: u64, data: &[u8]) -> Result<(), Fault> {
-        self.on(d, |dev| dev.write_at(data, slot * TRACK_BYTES as u64))
+        self.on(d, DeviceOp::Write, |dev| {
+            dev.write_at(data, slot * TRACK_BYTES as u64)
+        })
     }
 
     pub(super) fn usable(&self, d: usize, slot: u64) -> Use {
@@ -101,14 +131,35 @@ impl Inner {
         match self.layout.place(track) {
             Place::Single((d, slot)) => self.read_slot(d, slot, out),
             Place::Mirror(copies) => {
+                let mut failed = None;
                 for (d, slot) in copies {
-                    if self.usable(d, slot) != Use::Missing {
-                        return self.read_slot(d, slot, out);
+                    if self.usable(d, slot) == Use::Missing {
+                        continue;
+                    }
+                    match self.read_slot(d, slot, out) {
+                        Ok(()) => {
+                            if let Some((bad, bad_slot, _)) = failed {
+                                // Read again under the track's lock, so no
+                                // write lands between the read and the
+                                // rewrite.
+                                let _g = self.lock(track);
+                                self.read_slot(d, slot, out)?;
+                                self.correct(bad, bad_slot, track, out);
+                            }
+                            return Ok(());
+                        }
+                        Err(Fault::Device(d, e)) if failed.is_none() => {
+                            failed = Some((d, slot, e));
+                        }
+                        Err(f) => return Err(f),
                     }
                 }
-                Err(Self::unavailable(format!(
-                    "track {track}: both copies are on lost devices"
-                )))
+                Err(match failed {
+                    Some((d, _, e)) => Fault::Device(d, e),
+                    None => {
+                        Self::unavailable(format!("track {track}: both copies are on lost devices"))
+                    }
+                })
             }
             Place::Parity {
                 stripe,
@@ -117,7 +168,22 @@ impl Inner {
                 others,
             } => {
                 if self.usable(data, stripe) != Use::Missing {
-                    return self.read_slot(data, stripe, out);
+                    match self.read_slot(data, stripe, out) {
+                        Err(Fault::Device(d, e)) => {
+                            // A read error: serve the XOR of the rest of
+                            // the stripe and rewrite the slot (as md does).
+                            let _g = self.lock(stripe);
+                            if self
+                                .xor_of(stripe, std::iter::once(parity).chain(others), out)
+                                .is_err()
+                            {
+                                return Err(Fault::Device(d, e));
+                            }
+                            self.correct(d, stripe, track, out);
+                            return Ok(());
+                        }
+                        read => return read,
+                    }
                 }
                 // Degraded read: the XOR of the rest of the stripe, under
                 // the stripe's lock so no write is half done.
@@ -132,6 +198,26 @@ impl Inner {
                         )),
                         f => f,
                     })
+            }
+        }
+    }
+
+    /// After a read error on device `d` at `slot`, served from the
+    /// redundancy: rewrite the slot with `data` (md's read-error
+    /// correction; the caller holds the track's or stripe's lock). A failed
+    /// rewrite is a write error: it counts towards declaring `d` lost.
+    fn correct(&self, d: usize, slot: u64, track: u64, data: &[u8]) {
+        match self.write_slot(d, slot, data) {
+            Ok(()) => tracing::warn!(
+                device = d,
+                slot,
+                track,
+                "read error served from the redundancy; slot rewritten"
+            ),
+            Err(Fault::Device(_, e) | Fault::Io(e)) => {
+                let m = &self.members[d];
+                m.strikes.fetch_add(1, Ordering::AcqRel);
+                tracing::error!(device = d, slot, track, error = %e, "rewriting a slot after a read error failed");
             }
         }
     }

@@ -96,6 +96,7 @@ use redundancy::xor_into;
 use serde::{Deserialize, Serialize};
 
 use crate::backend::device::{Device, FileDevice};
+use crate::backend::faulty::{DeviceOp, FaultPlan, FaultyDevice};
 use crate::backend::ppl::{Intent, PartialParityLog};
 use crate::backend::raid::{Layout, Owner, Place, Raid};
 use crate::limits::TRACK_BYTES;
@@ -207,8 +208,15 @@ const REBUILDING: u8 = 2;
 /// One device of the volume.
 #[derive(Debug)]
 struct Member {
-    dev: RwLock<Arc<dyn Device>>,
+    dev: RwLock<Arc<FaultyDevice>>,
     state: AtomicU8,
+    /// Device errors seen, by operation (read, write, sync).
+    errors: [AtomicU64; 3],
+    /// The last device error (status).
+    last_error: Mutex<Option<String>>,
+    /// Write and sync errors counted towards declaring it lost
+    /// ([`DeviceOptions::error_limit`]); a rebuild's end starts over.
+    strikes: AtomicU64,
     /// Injected loss: every I/O fails as a pulled device's would.
     pulled: AtomicBool,
     /// REBUILDING: slots `[0, rebuilt)` are rebuilt (readable).
@@ -264,12 +272,48 @@ pub struct DeviceHealth {
     /// Lost or rebuilding: why the rebuild is stopped, waiting to try
     /// again (see [`REBUILD_RETRY_MAX`]).
     pub stalled: Option<String>,
+    /// Device errors seen: read, write, sync.
+    pub errors: [u64; 3],
+    /// The last device error.
+    pub last_error: Option<String>,
+    /// Faults armed on it (`rebound inject device-error`, `device-latency`).
+    pub armed: usize,
 }
+
+/// How the volume's devices are opened and judged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceOptions {
+    /// Open the device files with `O_DIRECT`.
+    pub direct: bool,
+    /// Keep what a power cut would undo ([`crate::backend::faulty`]), so
+    /// [`Volume::power_cut`] can run.
+    pub power_loss_tracking: bool,
+    /// Write or sync errors (not `ENOSPC`) after which a device of a
+    /// redundant volume is declared lost.
+    pub error_limit: u64,
+}
+
+impl Default for DeviceOptions {
+    fn default() -> Self {
+        Self {
+            direct: false,
+            power_loss_tracking: false,
+            error_limit: DEVICE_ERROR_LIMIT,
+        }
+    }
+}
+
+/// Default write or sync errors after which a device of a redundant volume
+/// is declared lost (md fails a member at its first write error; a few
+/// strikes let a transient error pass without a rebuild).
+pub const DEVICE_ERROR_LIMIT: u64 = 3;
 
 #[derive(Debug)]
 struct Inner {
     dir: PathBuf,
-    direct: bool,
+    options: DeviceOptions,
+    /// Each device number's injected faults (kept across replacements).
+    plans: Vec<Arc<FaultPlan>>,
     layout: Layout,
     label: Mutex<Label>,
     members: Vec<Member>,
@@ -288,6 +332,8 @@ struct Inner {
     ppl: Option<PartialParityLog>,
     /// Serialises zeroing on a parity volume (one intent entry).
     zeroing: Mutex<()>,
+    /// Device syncs, one at a time, shared by the callers each covers.
+    syncs: crate::backend::syncgate::SyncGate,
     /// Tests: called with (device, slot) once a slot of a replacement is
     /// written, before it counts as rebuilt.
     #[cfg(test)]
@@ -328,17 +374,23 @@ fn open_member(
     d: usize,
     label: &Label,
     layout: &Layout,
-    direct: bool,
+    options: DeviceOptions,
+    plan: &Arc<FaultPlan>,
 ) -> Result<Member, VolumeError> {
     let io = |source| VolumeError::Io {
         dir: dir.to_owned(),
         source,
     };
-    let dev = FileDevice::open_or_create(&device_path(dir, d), layout.device_bytes(), direct)
-        .map_err(io)?;
+    let dev =
+        FileDevice::open_or_create(&device_path(dir, d), layout.device_bytes(), options.direct)
+            .map_err(io)?;
+    let dev = FaultyDevice::new(dev, d, Arc::clone(plan), options.power_loss_tracking);
     let lost = label.degraded.iter().find(|g| g.device as usize == d);
     Ok(Member {
         dev: RwLock::new(Arc::new(dev)),
+        errors: Default::default(),
+        last_error: Mutex::new(None),
+        strikes: AtomicU64::new(0),
         state: AtomicU8::new(if lost.is_some() { REBUILDING } else { ONLINE }),
         pulled: AtomicBool::new(false),
         rebuilt: AtomicU64::new(lost.map_or(0, |g| g.rebuilt_slots)),
@@ -368,6 +420,21 @@ impl Volume {
         raid: Raid,
         direct: bool,
     ) -> Result<Self, VolumeError> {
+        let options = DeviceOptions {
+            direct,
+            ..DeviceOptions::default()
+        };
+        Self::open_with(dir, size_bytes, devices, raid, options)
+    }
+
+    /// [`Volume::open_or_create`] with every device option.
+    pub fn open_with(
+        dir: &Path,
+        size_bytes: u64,
+        devices: u32,
+        raid: Raid,
+        options: DeviceOptions,
+    ) -> Result<Self, VolumeError> {
         let io = |source| VolumeError::Io {
             dir: dir.to_owned(),
             source,
@@ -380,8 +447,9 @@ impl Volume {
             label.devices,
             label.size_bytes / TRACK_BYTES as u64,
         );
+        let plans: Vec<Arc<FaultPlan>> = (0..label.devices).map(|_| Arc::default()).collect();
         let members = (0..label.devices as usize)
-            .map(|d| open_member(dir, d, &label, &layout, direct))
+            .map(|d| open_member(dir, d, &label, &layout, options, &plans[d]))
             .collect::<Result<Vec<_>, VolumeError>>()?;
         let resume: Vec<usize> = label.degraded.iter().map(|g| g.device as usize).collect();
         let ppl = match label.raid {
@@ -391,7 +459,8 @@ impl Volume {
         let v = Volume {
             inner: Arc::new(Inner {
                 dir: dir.to_owned(),
-                direct,
+                options,
+                plans,
                 layout,
                 label: Mutex::new(label),
                 members,
@@ -403,6 +472,7 @@ impl Volume {
                 rebuild_faults: AtomicU64::new(0),
                 ppl,
                 zeroing: Mutex::new(()),
+                syncs: Default::default(),
                 #[cfg(test)]
                 slot_written: Mutex::new(None),
             }),
@@ -511,6 +581,9 @@ impl Volume {
                     },
                     slots,
                     stalled: m.stalled.lock().clone(),
+                    errors: m.errors.each_ref().map(|e| e.load(Ordering::Relaxed)),
+                    last_error: m.last_error.lock().clone(),
+                    armed: m.dev.read().plan().armed().len(),
                 }
             })
             .collect()
@@ -521,6 +594,52 @@ impl Volume {
     /// rebuild-error`): the rebuild stops and tries again later.
     pub fn inject_rebuild_errors(&self, count: u64) {
         self.inner.rebuild_faults.store(count, Ordering::Release);
+    }
+
+    /// Arm `fault` on device `d` (`rebound inject device-error`,
+    /// `device-latency`).
+    pub fn arm_device_fault(
+        &self,
+        d: usize,
+        fault: crate::backend::faulty::DeviceFault,
+    ) -> Result<(), String> {
+        let plan = self.inner.plans.get(d).ok_or_else(|| {
+            format!(
+                "device {d} does not exist (the volume has {})",
+                self.inner.plans.len()
+            )
+        })?;
+        plan.arm(fault);
+        Ok(())
+    }
+
+    /// Disarm every device fault.
+    pub fn clear_device_faults(&self) {
+        for p in &self.inner.plans {
+            p.clear();
+        }
+    }
+
+    /// Cut the power (`rebound inject power-loss`): every device stops
+    /// taking I/O, and what no completed sync covered is undone at random
+    /// ([`crate::backend::faulty`]). The process must end right after.
+    /// Returns the blocks put back and kept; refused without power-loss
+    /// tracking.
+    pub fn power_cut(&self, seed: u64) -> Result<(u64, u64), String> {
+        if !self.inner.options.power_loss_tracking {
+            return Err("power-loss needs the server started with --power-loss-tracking (it keeps what a power cut would undo)".into());
+        }
+        let (mut back, mut kept) = (0, 0);
+        for (d, m) in self.inner.members.iter().enumerate() {
+            let (b, k) = m
+                .dev
+                .read()
+                .power_cut(seed.wrapping_add(d as u64))
+                .map_err(|e| format!("device {d}: undoing unsynced writes failed: {e}"))?;
+            back += b;
+            kept += k;
+        }
+        Ok((back, kept))
     }
 
     /// Whether any device is lost or rebuilding.
@@ -566,8 +685,10 @@ impl Volume {
         m.pulled.store(true, Ordering::Release);
         // Mark it now rather than at its next I/O, so an idle volume
         // shows it too.
-        Inner::fail(&self.inner, d, &std::io::Error::other("pulled (injected)"));
-        Ok(())
+        Inner::fail(&self.inner, d, &std::io::Error::other("pulled (injected)")).map_err(|e| {
+            m.pulled.store(false, Ordering::Release);
+            e.to_string()
+        })
     }
 
     /// Wait until no rebuild is running (tests, benches, clean shutdown).
@@ -629,7 +750,7 @@ impl Volume {
                     if i.members[d].state.load(Ordering::Acquire) == LOST {
                         continue;
                     }
-                    i.on(d, |dev| {
+                    i.on(d, DeviceOp::Write, |dev| {
                         dev.zero_range(lo * t, (hi - lo) * t, keep_allocated)
                     })?;
                 }
@@ -650,15 +771,30 @@ impl Volume {
         Ok(())
     }
 
-    /// `fdatasync` every device not lost.
+    /// `fdatasync` every device not lost: done once this call is covered
+    /// by a sync that started after it ([`crate::backend::syncgate`]).
     pub fn sync(&self) -> std::io::Result<()> {
-        self.inner.retry(|i| {
-            for (d, m) in i.members.iter().enumerate() {
-                if m.state.load(Ordering::Acquire) != LOST {
-                    i.on(d, |dev| dev.sync())?;
+        self.sync_since(self.sync_ticket())
+    }
+
+    /// The ticket to take before a device write that a later
+    /// [`Volume::sync_since`] must cover.
+    pub fn sync_ticket(&self) -> u64 {
+        self.inner.syncs.ticket()
+    }
+
+    /// [`Volume::sync`] covering writes made since `ticket` was taken: an
+    /// error if any device sync since then failed.
+    pub fn sync_since(&self, ticket: u64) -> std::io::Result<()> {
+        self.inner.syncs.sync(ticket, || {
+            self.inner.retry(|i| {
+                for (d, m) in i.members.iter().enumerate() {
+                    if m.state.load(Ordering::Acquire) != LOST {
+                        i.on(d, DeviceOp::Sync, |dev| dev.sync())?;
+                    }
                 }
-            }
-            Ok(())
+                Ok(())
+            })
         })
     }
 }

@@ -9,13 +9,14 @@ use super::*;
 impl Inner {
     /// Mark device `d` lost (after `why`), record it in the label before
     /// any write skips it, and start rebuilding a replacement.
-    pub(super) fn fail(self: &Arc<Self>, d: usize, why: &std::io::Error) {
+    pub(super) fn fail(self: &Arc<Self>, d: usize, why: &std::io::Error) -> std::io::Result<()> {
         let m = &self.members[d];
         {
             let mut label = self.label.lock();
             if m.state.load(Ordering::Acquire) == LOST {
-                return;
+                return Ok(());
             }
+            let before = label.degraded.clone();
             label.degraded.retain(|g| g.device as usize != d);
             label.degraded.push(Degraded {
                 device: d as u32,
@@ -24,11 +25,19 @@ impl Inner {
             });
             label.degraded.sort_by_key(|g| g.device);
             if let Err(e) = write_label(&self.dir, &label) {
-                // The device is lost either way; a restart before the label
-                // is written again would trust it.
-                tracing::error!(device = d, error = %e, "could not record a lost device in the volume label");
+                // A restart would trust the stale device again: it is not
+                // skipped, and the I/O that failed on it fails.
+                label.degraded = before;
+                tracing::error!(device = d, error = %e, "could not record a lost device in the volume label; the device is not skipped");
+                return Err(std::io::Error::new(
+                    e.kind(),
+                    format!(
+                        "device {d} failed ({why}) and its loss cannot be recorded in the volume label: {e}"
+                    ),
+                ));
             }
             m.losses.fetch_add(1, Ordering::AcqRel);
+            m.strikes.store(0, Ordering::Release);
             m.state.store(LOST, Ordering::Release);
             m.ahead.lock().clear();
             *m.ahead_log.lock() = None;
@@ -48,6 +57,7 @@ impl Inner {
             );
         }
         Self::spawn_rebuild(self, d);
+        Ok(())
     }
 
     /// Open a replacement for lost device `d` (a fresh file, unless the
@@ -70,7 +80,14 @@ impl Inner {
         if let Err(e) = std::fs::rename(&path, &failed) {
             tracing::warn!(device = d, error = %e, "could not move the lost device's file aside");
         }
-        let dev = FileDevice::open_or_create(&path, self.layout.device_bytes(), self.direct)?;
+        let dev =
+            FileDevice::open_or_create(&path, self.layout.device_bytes(), self.options.direct)?;
+        let dev = FaultyDevice::new(
+            dev,
+            d,
+            Arc::clone(&self.plans[d]),
+            self.options.power_loss_tracking,
+        );
         crate::files::sync_dir(&self.dir)?;
         let m = &self.members[d];
         *m.dev.write() = Arc::new(dev);
@@ -218,7 +235,7 @@ impl Inner {
                     Err(Fault::Device(x, e)) if x != d => {
                         // Another device failed: that one is lost too, and
                         // what this one held with it cannot be rebuilt.
-                        Self::fail(&self, x, &e);
+                        let _ = Self::fail(&self, x, &e);
                         break Err(Stopped::Fatal(format!("device {x}: {e}")));
                     }
                     // The replacement failed: a full or failing disk,
@@ -256,7 +273,7 @@ impl Inner {
                 || last_persist.1.elapsed() >= REBUILD_PERSIST_INTERVAL
             {
                 last_persist = (slot, Instant::now());
-                if let Err(e) = self.on(d, |dev| dev.sync()) {
+                if let Err(e) = self.on(d, DeviceOp::Sync, |dev| dev.sync()) {
                     break Err(Stopped::Retry(match e {
                         Fault::Device(_, e) | Fault::Io(e) => {
                             format!("syncing replacement device {d}: {e}")

@@ -1,6 +1,7 @@
 //! The volume's tests: every layout, losses, rebuilds, torn writes.
 
 use super::*;
+use crate::backend::faulty::{DeviceFault, DeviceOp, Errno};
 
 fn pattern(track: u64, version: u8) -> Vec<u8> {
     let mut b = vec![0u8; TRACK_BYTES];
@@ -825,4 +826,115 @@ fn a_rebuild_stopped_by_a_failing_replacement_tries_again_until_done() {
         }
         assert_consistent(&v, dir.path());
     }
+}
+
+fn arm(v: &Volume, d: usize, op: DeviceOp, errno: Errno) {
+    v.arm_device_fault(
+        d,
+        DeviceFault::Error {
+            op,
+            errno,
+            rate: 1.0,
+            count: None,
+            torn: false,
+        },
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_read_error_on_a_mirror_is_served_from_the_other_copy_and_the_slot_rewritten() {
+    let dir = tempfile::tempdir().unwrap();
+    let v = Volume::open_or_create(dir.path(), 8 * 4096, 2, Raid::Mirror, false).unwrap();
+    for t in 0..8 {
+        v.write_track(t, &pattern(t, 1)).unwrap();
+    }
+    arm(&v, 0, DeviceOp::Read, Errno::Eio);
+    let mut buf = vec![0u8; 4096];
+    for t in 0..8 {
+        v.read_track(t, &mut buf).unwrap();
+        assert_eq!(buf, pattern(t, 1), "track {t}");
+    }
+    let h = &v.health()[0];
+    assert_eq!(
+        h.state, "online",
+        "read errors served and corrected do not lose it"
+    );
+    assert!(h.errors[0] > 0, "the read errors are counted: {h:?}");
+    assert!(h.last_error.as_deref().unwrap().contains("read"), "{h:?}");
+    v.clear_device_faults();
+    assert_eq!(v.health()[0].armed, 0);
+}
+
+#[test]
+fn a_read_error_on_a_parity_member_is_served_from_the_rest_of_its_stripe() {
+    let dir = tempfile::tempdir().unwrap();
+    let v = Volume::open_or_create(dir.path(), 12 * 4096, 3, Raid::Parity, false).unwrap();
+    for t in 0..12 {
+        v.write_track(t, &pattern(t, 2)).unwrap();
+    }
+    arm(&v, 1, DeviceOp::Read, Errno::Eio);
+    let mut buf = vec![0u8; 4096];
+    for t in 0..12 {
+        v.read_track(t, &mut buf).unwrap();
+        assert_eq!(buf, pattern(t, 2), "track {t}");
+    }
+    assert!(!v.degraded());
+}
+
+#[test]
+fn enospc_fails_the_write_but_never_loses_the_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let v = Volume::open_or_create(dir.path(), 8 * 4096, 2, Raid::Mirror, false).unwrap();
+    arm(&v, 1, DeviceOp::Write, Errno::Enospc);
+    for _ in 0..10 {
+        let e = v.write_track(0, &pattern(0, 1)).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::StorageFull, "{e}");
+    }
+    assert!(!v.degraded(), "a full file system is not a failed device");
+    v.clear_device_faults();
+    v.write_track(0, &pattern(0, 1)).unwrap();
+}
+
+#[test]
+fn repeated_write_errors_declare_a_mirror_device_lost_after_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = DeviceOptions {
+        error_limit: 3,
+        ..DeviceOptions::default()
+    };
+    let v = Volume::open_with(dir.path(), 8 * 4096, 2, Raid::Mirror, options).unwrap();
+    arm(&v, 1, DeviceOp::Write, Errno::Eio);
+    for strike in 1..3 {
+        v.write_track(0, &pattern(0, 1))
+            .expect_err("below the limit the error is returned");
+        assert!(!v.degraded(), "strike {strike} of 3");
+    }
+    v.write_track(0, &pattern(0, 1))
+        .expect("the third error loses the device; the write goes around it");
+    let label: Label =
+        toml::from_str(&std::fs::read_to_string(dir.path().join("volume.toml")).unwrap()).unwrap();
+    assert_eq!(label.degraded.len(), 1, "the label records the loss");
+    assert_eq!(label.degraded[0].device, 1);
+}
+
+#[test]
+fn a_device_whose_loss_cannot_be_recorded_is_not_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = DeviceOptions {
+        error_limit: 1,
+        ..DeviceOptions::default()
+    };
+    let v = Volume::open_with(dir.path(), 8 * 4096, 2, Raid::Mirror, options).unwrap();
+    // The label's temporary file cannot be created: a directory is there.
+    std::fs::create_dir(dir.path().join("volume.toml.tmp")).unwrap();
+    arm(&v, 1, DeviceOp::Write, Errno::Eio);
+    let e = v.write_track(0, &pattern(0, 1)).unwrap_err();
+    assert!(e.to_string().contains("cannot be recorded"), "{e}");
+    assert!(!v.degraded(), "not skipped without the label saying so");
+    assert!(v.label().degraded.is_empty());
+    std::fs::remove_dir(dir.path().join("volume.toml.tmp")).unwrap();
+    v.write_track(0, &pattern(0, 1))
+        .expect("now the loss is recorded and the write goes around it");
+    assert!(v.degraded());
 }

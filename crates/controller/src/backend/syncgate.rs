@@ -1,0 +1,158 @@
+//! Group commit of device syncs, with `fdatasync`'s error semantics kept.
+//!
+//! A destage frees a track's NVS record only once a sync *that started
+//! after its device write* succeeded (the record is the only other copy:
+//! freeing it earlier is PostgreSQL's "fsyncgate", where a failed writeback
+//! is reported once and the next sync succeeds with the data gone). Many
+//! destage tasks and FLUSHes ask for such a sync at once; [`SyncGate`] runs
+//! one at a time and lets every caller that arrived before a sync started
+//! share it (group commit), so the number of `fdatasync` calls follows the
+//! device, not the request rate.
+//!
+//! Syncs are numbered in the order they start. A caller is covered by the
+//! first sync that starts after it calls. Linux reports a writeback error
+//! to the first sync of the file that follows it, so a sync that overlapped
+//! the caller's write may have consumed that write's error: the caller
+//! takes a [`SyncGate::ticket`] before writing (the first sync that may
+//! overlap the write), and its answer is an error if any sync from its
+//! ticket to the one covering it failed. A spurious error only makes the
+//! destage write the track again.
+
+use std::collections::VecDeque;
+use std::io;
+
+use parking_lot::{Condvar, Mutex};
+
+/// Failed syncs remembered (a caller looks back to its ticket, taken just
+/// before its write).
+const FAILURES_KEPT: usize = 1024;
+
+#[derive(Debug, Default)]
+struct State {
+    /// The number the next sync to start gets.
+    next: u64,
+    /// Whether a sync runs now.
+    running: bool,
+    /// Every sync numbered below this has completed.
+    completed: u64,
+    /// Recent failed syncs: number, error kind, message.
+    failed: VecDeque<(u64, io::ErrorKind, String)>,
+}
+
+/// Serialises syncs and shares each among the callers it covers.
+#[derive(Debug, Default)]
+pub struct SyncGate {
+    state: Mutex<State>,
+    done: Condvar,
+}
+
+impl SyncGate {
+    /// Take before a device write: the first sync that may overlap it.
+    pub fn ticket(&self) -> u64 {
+        let st = self.state.lock();
+        if st.running { st.next - 1 } else { st.next }
+    }
+
+    /// Wait for a sync that started after this call (running `sync` if
+    /// none is running); an error if it, or any sync since `ticket` (taken
+    /// before the write it must cover), failed: such a sync may have
+    /// consumed the write's error.
+    pub fn sync(&self, ticket: u64, sync: impl FnOnce() -> io::Result<()>) -> io::Result<()> {
+        let mut sync = Some(sync);
+        let mut st = self.state.lock();
+        let mine = st.next;
+        loop {
+            if st.completed > mine {
+                return Self::answer(&st, ticket.min(mine), mine);
+            }
+            if !st.running {
+                let number = st.next;
+                st.next += 1;
+                st.running = true;
+                drop(st);
+                // The closures of all callers sync the same devices: the
+                // one that runs covers every caller waiting for `number`.
+                let result = match sync.take() {
+                    Some(f) => f(),
+                    None => unreachable!("a caller runs at most one sync"),
+                };
+                st = self.state.lock();
+                st.running = false;
+                st.completed = number + 1;
+                if let Err(e) = result {
+                    st.failed.push_back((number, e.kind(), e.to_string()));
+                    if st.failed.len() > FAILURES_KEPT {
+                        st.failed.pop_front();
+                    }
+                }
+                self.done.notify_all();
+                continue;
+            }
+            self.done.wait(&mut st);
+        }
+    }
+
+    fn answer(st: &State, from: u64, to: u64) -> io::Result<()> {
+        match st
+            .failed
+            .iter()
+            .rev()
+            .find(|(n, ..)| (from..=to).contains(n))
+        {
+            None => Ok(()),
+            Some((n, kind, message)) => Err(io::Error::new(
+                *kind,
+                format!("device sync {n} failed: {message}"),
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::time::Duration;
+
+    #[test]
+    fn callers_arriving_during_a_sync_share_the_next_one() {
+        let gate = Arc::new(SyncGate::default());
+        let runs = Arc::new(AtomicU32::new(0));
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let (gate, runs) = (Arc::clone(&gate), Arc::clone(&runs));
+                std::thread::spawn(move || {
+                    gate.sync(gate.ticket(), || {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        std::thread::sleep(Duration::from_millis(30));
+                        Ok(())
+                    })
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap().unwrap();
+        }
+        let runs = runs.load(Ordering::SeqCst);
+        assert!((1..8).contains(&runs), "8 callers, {runs} syncs");
+    }
+
+    #[test]
+    fn a_failed_sync_fails_every_caller_whose_write_it_may_have_overlapped() {
+        let gate = SyncGate::default();
+        gate.sync(gate.ticket(), || Ok(())).unwrap();
+        let before_failure = gate.ticket();
+        let e = gate
+            .sync(gate.ticket(), || Err(io::Error::other("EIO")))
+            .unwrap_err();
+        assert!(e.to_string().contains("EIO"), "{e}");
+        // A write made before the failed sync, covered by a later sync
+        // that succeeds: the failed one may have consumed its error.
+        let e = gate.sync(before_failure, || Ok(())).unwrap_err();
+        assert!(e.to_string().contains("EIO"), "{e}");
+        // A write made after the failure: the next sync covers it.
+        gate.sync(gate.ticket(), || Ok(()))
+            .expect("a write after the failed sync is covered by the next");
+    }
+}
