@@ -38,9 +38,23 @@ pub(crate) fn admit(
             match engine.nvs.reserve(slots, Duration::from_millis(10)) {
                 Ok(reserved) => req.slots = reserved,
                 Err(crate::store::nvs::NvsError::Timeout(_)) => {
-                    drop(admission);
-                    crate::engine::destage::kick(engine);
-                    continue;
+                    if let Some((kind, why)) = engine.destage.failing() {
+                        // The NVS is full and no destage can free it: the
+                        // devices fail. Answer now instead of hanging.
+                        tracing::error!(error = %why, "NVS full and destage failing: write refused");
+                        req.early_error = Some(if kind == std::io::ErrorKind::StorageFull {
+                            (NbdError::NoSpc, "the NVS is full and the devices are full")
+                        } else {
+                            (
+                                NbdError::Io,
+                                "the NVS is full and destaging to the devices fails",
+                            )
+                        });
+                    } else {
+                        drop(admission);
+                        crate::engine::destage::kick(engine);
+                        continue;
+                    }
                 }
                 Err(_) => {
                     req.early_error = Some((NbdError::Shutdown, "the server is shutting down"));

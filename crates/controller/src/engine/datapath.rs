@@ -712,7 +712,7 @@ fn durable(
     mut tracks: Vec<u64>,
     again: StageRef,
 ) {
-    use crate::engine::destage::{FORCE_WAIT, Forced, try_force};
+    use crate::engine::destage::{FORCE_WAIT, Forced, settle, try_force};
     let deadline = *req
         .durable_deadline
         .get_or_insert_with(|| Instant::now() + FORCE_WAIT);
@@ -724,22 +724,39 @@ fn durable(
     };
     let untried = !left.is_empty();
     let mut backed_off = None;
+    let mut written = Vec::new();
+    let mut failed = None;
     for track in tracks {
         match try_force(ctl, track) {
             Ok(Forced::Done) => {}
+            Ok(Forced::Written(u)) => written.push(u),
             Ok(Forced::InFlight) => left.push(track),
             Ok(Forced::BackedOff(e)) => {
                 backed_off.get_or_insert((track, e));
                 left.push(track);
             }
             Err(e) => {
-                finish_io(*req, Err(e));
-                return;
+                failed = Some(e);
+                break;
             }
         }
     }
+    // One sync for the round's writes; a failure answers EIO (the tracks
+    // stay dirty: a FLUSH is never answered success while they are).
+    let settled = settle(ctl, written);
+    if let Some(e) = failed.or(settled.err()) {
+        finish_io(*req, Err(e));
+        return;
+    }
     if left.is_empty() {
         finish_io(*req, ctl.sync_durable());
+        return;
+    }
+    if let Some((kind, why)) = ctl.destage.failing() {
+        // What it waits for is failing on the devices: never wait for
+        // success that may not come, answer EIO now (the tracks stay
+        // dirty; a later FLUSH tries again).
+        finish_io(*req, Err(std::io::Error::new(kind, why)));
         return;
     }
     if Instant::now() >= deadline {
@@ -869,6 +886,10 @@ pub(super) fn zero(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), F
 fn finish_io(req: Request, result: std::io::Result<()>) {
     match result {
         Ok(()) => req.reply(Ok(())),
+        Err(e) if e.kind() == std::io::ErrorKind::StorageFull => {
+            tracing::error!(error = %e, "device operation failed: a device is full");
+            req.reply(Err((NbdError::NoSpc, "a device is full")));
+        }
         Err(e) => {
             tracing::error!(error = %e, "device operation failed");
             req.reply(Err((NbdError::Io, "device I/O failed")));

@@ -14,7 +14,14 @@
 //! Ordering: the cache directory allows one destage per track at a time and
 //! always destages the track's newest record, so an older write never
 //! overwrites a newer one on the device. The record's slot is freed only
-//! after the device write returned.
+//! after the device write returned *and* a device sync that started after
+//! it succeeded ([`settle`]; syncs are shared between destages by
+//! [`crate::backend::syncgate`]): until then the track stays destaging,
+//! reads are served from the NVS and the cache, and the record stays. A
+//! failed write or sync ends the destage unwritten: the track stays dirty,
+//! its record stays, and it is written again from the NVS at the next
+//! tick. There is no "EIO once, then success": FLUSH and FUA answer EIO
+//! for as long as a covered track is not durably on a device.
 //!
 //! A record that fails its checksum when read for destage is destaged from
 //! the cache frame holding the same data, if there is one (the frame is a
@@ -55,11 +62,24 @@ pub const TICK: Duration = Duration::from_millis(100);
 /// How long a forced destage waits for another destage of the same track.
 pub(crate) const FORCE_WAIT: Duration = Duration::from_secs(30);
 
+/// A destage write that returned, not yet covered by a device sync: its
+/// record stays until [`settle`] ends it.
+#[derive(Debug)]
+#[must_use = "a destage ends only when settled"]
+pub(crate) struct Unsynced {
+    track: u64,
+    d: crate::store::cache::Dirty,
+    /// Taken before the write ([`crate::backend::syncgate`]).
+    ticket: u64,
+}
+
 /// One attempt of a forced destage ([`try_force`]).
 #[derive(Debug)]
 pub(crate) enum Forced {
     /// The track's records up to now are on the device (or it was clean).
     Done,
+    /// Its newest record was written: done once [`settle`]d.
+    Written(Unsynced),
     /// Another destage of the track is in flight: try again shortly.
     InFlight,
     /// The device queue was full, or a degraded volume holds the write
@@ -70,9 +90,10 @@ pub(crate) enum Forced {
 /// One attempt to destage `track` now, without waiting.
 pub(crate) fn try_force(ctl: &Engine, track: u64) -> std::io::Result<Forced> {
     match one(ctl, track) {
-        Ok(true) => Ok(Forced::Done),
-        Ok(false) if !ctl.cache.is_dirty(track) => Ok(Forced::Done),
-        Ok(false) => Ok(Forced::InFlight),
+        Ok(Outcome::Written(u)) => Ok(Forced::Written(u)),
+        Ok(Outcome::Held) => Ok(Forced::Done),
+        Ok(Outcome::Nothing) if !ctl.cache.is_dirty(track) => Ok(Forced::Done),
+        Ok(Outcome::Nothing) => Ok(Forced::InFlight),
         Err(e)
             if matches!(
                 e.kind(),
@@ -94,9 +115,30 @@ pub struct DestageQueue {
     /// Lost tracks (see the module doc): track -> sequence number of the
     /// damaged record.
     lost: Mutex<HashMap<u64, u64>>,
+    /// The device error that ended the last destage, until one succeeds:
+    /// a full NVS then fails writes at once instead of waiting for space
+    /// no destage can free.
+    failing: Mutex<Option<std::io::Error>>,
 }
 
 impl DestageQueue {
+    /// The device error failing destages now, if the last one failed.
+    pub fn failing(&self) -> Option<(std::io::ErrorKind, String)> {
+        self.failing
+            .lock()
+            .as_ref()
+            .map(|e| (e.kind(), e.to_string()))
+    }
+
+    /// Record how the last destage (or output commit) ended.
+    pub(crate) fn note_outcome(&self, error: Option<&std::io::Error>) {
+        let mut failing = self.failing.lock();
+        match error {
+            None => *failing = None,
+            Some(e) => *failing = Some(std::io::Error::new(e.kind(), e.to_string())),
+        }
+    }
+
     /// Queue a track (the cache directory dedupes).
     pub fn push(&self, track: u64) {
         self.queue.lock().push_back(track);
@@ -215,12 +257,14 @@ pub(crate) fn kick(ctl: &Arc<Engine>) {
 /// One destage task: a batch, then either another task or stop.
 fn batch(ctl: &Arc<Engine>) {
     let mut tracks = ctl.destage.pop_batch().into_iter();
+    let mut written = Vec::new();
     while let Some(track) = tracks.next() {
         if ctl.system.is_quiescing() {
             // Stop between tracks; the rebuilt queue has the rest.
             break;
         }
         match one(ctl, track) {
+            Ok(Outcome::Written(u)) => written.push(u),
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 // Rung 1: the device queue is full; back off until the
@@ -254,6 +298,9 @@ fn batch(ctl: &Arc<Engine>) {
             }
         }
     }
+    if let Err(e) = settle(ctl, written) {
+        tracing::warn!(error = %e, "device sync after destage failed; the tracks stay dirty and will be written again");
+    }
     let q = &ctl.destage;
     if !q.is_empty() && !ctl.stopping.load(Ordering::Relaxed) && !ctl.system.is_quiescing() {
         let c = Arc::clone(ctl);
@@ -273,10 +320,42 @@ fn batch(ctl: &Arc<Engine>) {
     q.inflight.fetch_sub(1, Ordering::AcqRel);
 }
 
+/// What [`one`] did.
+enum Outcome {
+    /// Nothing: the track is clean, or its destage is in flight.
+    Nothing,
+    /// Output commit holds the write; its epoch's commit ends the destage.
+    Held,
+    /// Written; ended by [`settle`].
+    Written(Unsynced),
+}
+
+/// Make the destage writes `written` durable (one device sync, shared with
+/// whoever syncs at the same time) and end them: written if the sync
+/// succeeded, else back to dirty (their records stay; the tick writes them
+/// again).
+pub(crate) fn settle(ctl: &Engine, written: Vec<Unsynced>) -> std::io::Result<()> {
+    if written.is_empty() {
+        return Ok(());
+    }
+    let ticket = written.iter().map(|u| u.ticket).min().unwrap_or(0);
+    let synced = ctl.volume.sync_since(ticket);
+    ctl.destage.note_outcome(synced.as_ref().err());
+    if synced.is_err() {
+        ctl.metrics
+            .destage_errors
+            .fetch_add(written.len() as u64, Ordering::Relaxed);
+    }
+    for u in written {
+        end(ctl, u.track, u.d, synced.is_ok());
+    }
+    synced
+}
+
 /// Destage `track` if it is dirty and no destage of it is in flight.
-/// `Ok(false)`: nothing was done. A full device queue is
-/// [`std::io::ErrorKind::WouldBlock`]: nothing was done, retry later.
-fn one(ctl: &Engine, track: u64) -> std::io::Result<bool> {
+/// A full device queue is [`std::io::ErrorKind::WouldBlock`]: nothing was
+/// done, retry later.
+fn one(ctl: &Engine, track: u64) -> std::io::Result<Outcome> {
     let (queue_index, queue) = ctl.queue(track);
     let tag = queue.submit().map_err(|full| {
         std::io::Error::new(
@@ -290,9 +369,10 @@ fn one(ctl: &Engine, track: u64) -> std::io::Result<bool> {
     };
     let Some(d) = begun else {
         queue.complete(tag);
-        return Ok(false);
+        return Ok(Outcome::Nothing);
     };
     let mut buf = vec![0u8; TRACK_BYTES];
+    let ticket = ctl.volume.sync_ticket();
     let written = read_record(ctl, track, d, &mut buf).and_then(|()| {
         ctl.epochs
             .device
@@ -301,18 +381,19 @@ fn one(ctl: &Engine, track: u64) -> std::io::Result<bool> {
     queue.complete(tag);
     if written.is_ok() && ctl.epochs.device.holds_writes() {
         // Output commit: the write is held; the commit that puts it on the
-        // device ends the destage (`end_held`).
-        return Ok(true);
+        // device (and syncs it) ends the destage (`end_held`).
+        return Ok(Outcome::Held);
     }
-    end(ctl, track, d, written.is_ok());
     match written {
-        Ok(()) => Ok(true),
+        Ok(()) => Ok(Outcome::Written(Unsynced { track, d, ticket })),
         Err(e) => {
+            end(ctl, track, d, false);
             if !matches!(
                 e.kind(),
                 std::io::ErrorKind::ResourceBusy | std::io::ErrorKind::InvalidData
             ) {
                 ctl.metrics.destage_errors.fetch_add(1, Ordering::Relaxed);
+                ctl.destage.note_outcome(Some(&e));
             }
             Err(e)
         }
@@ -370,13 +451,15 @@ fn read_record(
 
 /// Destage `track` now, waiting for a destage of it already in flight.
 /// Done when this call destaged the track's newest record (at least as new
-/// as any write acknowledged before the call) or the track is clean.
-pub(crate) fn force(ctl: &Engine, track: u64) -> std::io::Result<()> {
+/// as any write acknowledged before the call: to be [`settle`]d) or the
+/// track is clean.
+pub(crate) fn force(ctl: &Engine, track: u64) -> std::io::Result<Option<Unsynced>> {
     let deadline = Instant::now() + FORCE_WAIT;
     let mut waits = 0;
     loop {
         match try_force(ctl, track)? {
-            Forced::Done => return Ok(()),
+            Forced::Done => return Ok(None),
+            Forced::Written(u) => return Ok(Some(u)),
             Forced::InFlight => {}
             Forced::BackedOff(e) => {
                 // Rung 1: the device queue is full (or a degraded volume
@@ -421,16 +504,22 @@ pub(crate) fn force(ctl: &Engine, track: u64) -> std::io::Result<()> {
 /// [`std::io::ErrorKind::Interrupted`] when a system recovery (rung 4)
 /// starts quiescing: the FLUSH is parked and runs again after it.
 pub(crate) fn destage_all(ctl: &Engine) -> std::io::Result<()> {
-    for track in ctl.cache.dirty_snapshot() {
-        if ctl.system.is_quiescing() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::Interrupted,
-                "a system recovery is quiescing the controller",
-            ));
+    let mut written = Vec::new();
+    let forced = (|| {
+        for track in ctl.cache.dirty_snapshot() {
+            if ctl.system.is_quiescing() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::Interrupted,
+                    "a system recovery is quiescing the controller",
+                ));
+            }
+            written.extend(force(ctl, track)?);
         }
-        force(ctl, track)?;
-    }
-    Ok(())
+        Ok(())
+    })();
+    // Settled however the forcing ended: what was written is ended.
+    let settled = settle(ctl, written);
+    forced.and(settled)
 }
 
 /// Start the periodic tick (it stops when the controller is dropped or

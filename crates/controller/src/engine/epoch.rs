@@ -313,25 +313,47 @@ impl Epochs {
         if let Err(e) = &written {
             tracing::error!(error = %e, epoch, "output commit: some held writes stay held");
         }
+        // The released writes are durable (and their records may go) only
+        // once a device sync covers them; a FUA or FLUSH held in the epoch
+        // asks for the sync too.
+        let want_sync = self.sync_needed.swap(false, Ordering::AcqRel);
+        let any_output = want_sync || !writes.is_empty();
+        let synced = if any_output {
+            ctl.volume.sync().and_then(|()| self.device.sync())
+        } else {
+            Ok(())
+        };
+        if let Err(e) = &synced {
+            tracing::error!(error = %e, epoch, "output commit: device sync failed; the epoch's writes stay dirty");
+        }
         self.stats
             .writes_released
             .fetch_add(writes.len() as u64, Ordering::Relaxed);
         for h in writes {
-            crate::engine::destage::end_held(ctl, h.track, h.destage, true);
+            crate::engine::destage::end_held(ctl, h.track, h.destage, synced.is_ok());
+        }
+        // What FLUSH and FUA replies of this epoch promised: every write
+        // held up to the epoch on a device, durably.
+        let durability = match (&written, &synced) {
+            (Ok(()), Ok(())) => None,
+            (Err(e), _) | (_, Err(e)) => Some(e.to_string()),
+        };
+        if any_output || written.is_err() {
+            // A FLUSH waiting on a held write that failed answers EIO.
+            ctl.destage
+                .note_outcome(written.as_ref().err().or(synced.as_ref().err()));
         }
         let slots: Vec<u32> = retired.into_iter().map(|(_, s)| s).collect();
         ctl.nvs.release(&slots);
         if stopped {
+            if want_sync {
+                self.sync_needed.store(true, Ordering::Release);
+            }
             let mut held = self.replies.lock();
             let later = std::mem::take(&mut *held);
             held.extend(replies);
             held.extend(later);
             return epoch;
-        }
-        if self.sync_needed.swap(false, Ordering::AcqRel)
-            && let Err(e) = ctl.volume.sync().and_then(|()| self.device.sync())
-        {
-            tracing::error!(error = %e, "output commit: device sync failed");
         }
         // The epoch is committed (its writes are durable): count it before
         // its replies leave, so whoever reads a released reply also sees
@@ -342,25 +364,7 @@ impl Epochs {
         self.stats
             .replies_released
             .fetch_add(replies.len() as u64, Ordering::Relaxed);
-        // One writev per connection for the whole epoch's replies.
-        let mut corked: Vec<Arc<dyn crate::engine::ReplySink>> = Vec::new();
-        for r in &replies {
-            let conn = &r.req.conn;
-            if !corked
-                .iter()
-                .any(|c| crate::engine::reply::same_sink(c, conn))
-                && conn.cork()
-            {
-                corked.push(Arc::clone(conn));
-            }
-        }
-        for r in replies {
-            debug_assert!(r.epoch <= epoch);
-            r.req.reply_committed(r.result);
-        }
-        for c in corked {
-            c.uncork();
-        }
+        release_replies(epoch, replies, durability.as_deref());
         if !ctl.destage.is_empty() {
             // Destages ended by this commit may have requeued tracks.
             crate::engine::destage::kick(ctl);
@@ -385,6 +389,38 @@ impl Epochs {
     pub(crate) fn after_rebuild(&self, ctl: &Engine) {
         self.retired.lock().clear();
         self.rebase(ctl);
+    }
+}
+
+/// Send a committed epoch's replies, one writev per connection; with
+/// `durability` (why the epoch's device writes failed), a FLUSH or FUA
+/// that would have succeeded answers EIO instead.
+fn release_replies(epoch: u64, replies: Vec<HeldReply>, durability: Option<&str>) {
+    // One writev per connection for the whole epoch's replies.
+    let mut corked: Vec<Arc<dyn crate::engine::ReplySink>> = Vec::new();
+    for r in &replies {
+        let conn = &r.req.conn;
+        if !corked
+            .iter()
+            .any(|c| crate::engine::reply::same_sink(c, conn))
+            && conn.cork()
+        {
+            corked.push(Arc::clone(conn));
+        }
+    }
+    for r in replies {
+        debug_assert!(r.epoch <= epoch);
+        let result = match durability {
+            Some(why) if r.result.is_ok() && r.req.promises_durability() => Err((
+                NbdError::Io,
+                format!("output commit: the epoch's device writes failed: {why}"),
+            )),
+            _ => r.result,
+        };
+        r.req.reply_committed(result);
+    }
+    for c in corked {
+        c.uncork();
     }
 }
 

@@ -459,6 +459,13 @@ impl Request {
 
     /// The reply of a request held in the output gate, at its epoch's
     /// commit.
+    /// Whether its success promises durability: a FLUSH, or a write with
+    /// FUA.
+    pub(crate) fn promises_durability(&self) -> bool {
+        use crate::nbd::proto::{cflags, cmd};
+        self.header.kind == cmd::FLUSH || self.header.flags & cflags::FUA != 0
+    }
+
     pub(crate) fn reply_committed(self: Box<Self>, result: Result<(), (NbdError, String)>) {
         (*self).reply_now(
             result

@@ -511,3 +511,94 @@ fn trim_gives_the_device_space_back_under_discard_unmap() {
         }
     }
 }
+
+/// Arm `words` (as `rebound inject` would) on every device of `e`.
+fn arm_every_device(e: &Arc<Engine>, words: &str) {
+    for d in 0..e.volume.health().len() {
+        let words = words.replace("DEVICE", &d.to_string());
+        let words: Vec<&str> = words.split_whitespace().collect();
+        crate::engine::inject::arm(e, &Fault::parse(&words).unwrap()).unwrap();
+    }
+}
+
+#[test]
+fn a_failing_device_sync_keeps_writes_dirty_and_every_flush_fails_until_it_heals() {
+    let _serial = SERIAL.lock();
+    let mut b = Bench::open(OutputCommit::Off);
+    let e = Arc::clone(b.engine());
+    arm_every_device(&e, "device-error DEVICE op=sync");
+    assert_eq!(b.write(5, 0x55).result, Ok(()), "the NVS takes the write");
+    for attempt in 0..3 {
+        assert_eq!(
+            b.flush().result,
+            Err(NbdError::Io),
+            "FLUSH {attempt}: never EIO once, then success with the data gone"
+        );
+    }
+    assert!(
+        e.cache.is_dirty(5),
+        "the record stays until a sync succeeds"
+    );
+    assert_eq!(b.read(5), ok_with(0x55), "served from the NVS and cache");
+    crate::engine::inject::arm(&e, &Fault::Clear).unwrap();
+    assert_eq!(b.flush().result, Ok(()));
+    assert!(!e.cache.is_dirty(5));
+    let mut on_device = vec![0u8; TRACK_BYTES];
+    e.volume.read_track(5, &mut on_device).unwrap();
+    assert_eq!(on_device, vec![0x55; TRACK_BYTES]);
+}
+
+#[test]
+fn a_failing_device_write_fills_the_nvs_then_writes_fail_promptly() {
+    let _serial = SERIAL.lock();
+    // More tracks than NVS slots: distinct writes fill it.
+    let mut b = Bench::open_with(|c| c.volume_size = 128 << 20);
+    let e = Arc::clone(b.engine());
+    arm_every_device(&e, "device-error DEVICE op=write");
+    let slots = u64::from(e.nvs.slot_count());
+    let started = std::time::Instant::now();
+    let mut refused = None;
+    for t in 0..slots + 8 {
+        let r = b.write(t % e.volume.tracks(), (t % 200) as u8 + 1);
+        if r.result.is_err() {
+            refused = Some((t, r.result));
+            break;
+        }
+    }
+    let (at, result) = refused.expect("a full NVS with failing devices refuses writes");
+    assert_eq!(result, Err(NbdError::Io));
+    assert!(
+        at >= slots / 2,
+        "writes were accepted into the NVS first ({at} of {slots})"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "refused promptly, not after hanging"
+    );
+    let status = crate::control::status::render(&b.ctl);
+    assert!(status.contains("errors: read 0, write"), "{status}");
+    crate::engine::inject::arm(&e, &Fault::Clear).unwrap();
+    assert_eq!(b.flush().result, Ok(()));
+    assert_eq!(b.read(0), ok_with(1));
+}
+
+#[test]
+fn under_output_commit_a_failed_held_write_answers_flush_with_eio() {
+    let _serial = SERIAL.lock();
+    let mut b = Bench::open(OutputCommit::Stall);
+    let e = Arc::clone(b.engine());
+    assert_eq!(b.write(7, 0x77).result, Ok(()));
+    arm_every_device(&e, "device-error DEVICE op=write");
+    assert_eq!(
+        b.flush().result,
+        Err(NbdError::Io),
+        "the epoch's held write failed: its FLUSH is not a success"
+    );
+    crate::engine::inject::arm(&e, &Fault::Clear).unwrap();
+    eventually("the write reaching the device", || {
+        b.flush().result == Ok(()) && !e.cache.is_dirty(7)
+    });
+    let mut on_device = vec![0u8; TRACK_BYTES];
+    e.volume.read_track(7, &mut on_device).unwrap();
+    assert_eq!(on_device, vec![0x77; TRACK_BYTES]);
+}
