@@ -77,6 +77,7 @@ cargo run --release --quiet -- bench box --quick
 cargo run --release --quiet -- bench loglock --quick
 cargo run --release --quiet -- bench availability --quick
 cargo run --release --quiet -- bench lost-device --quick
+cargo run --release --quiet -- bench device-faults --quick
 cargo run --release --quiet -- bench badpath --quick
 cargo run --release --quiet -- bench output-commit --quick
 cargo run --release --quiet -- bench smartstore --quick

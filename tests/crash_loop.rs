@@ -31,8 +31,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::Server;
-use common::blocks::{TRACK, block, identify};
 use common::raw::{self, Raw};
+use experiments::ledger::{TRACK, block, identify};
 
 const TRACKS: u64 = 1024;
 
@@ -465,11 +465,15 @@ fn acknowledged_writes_survive_system_recoveries_with_the_connection_up() {
     let system = common::rung_count(&status, "system");
     let task = common::rung_count(&status, "task");
     // Each write failing inside cache.apply was either rolled back alone
-    // through Log(Lock) and redriven (rung 1), or escalated (rung 4).
+    // through Log(Lock) and redriven (rung 1), or escalated (rung 4): to a
+    // recovery of its own, or parked and redriven by an injected one
+    // already running (then it adds no count). A lost escalation would
+    // leave its request unanswered: the writer's drain and the check of
+    // every track below catch that.
     assert!(system >= injected, "{status}");
-    assert_eq!(
-        task + (system - injected),
-        escalations,
+    let own = task + (system - injected);
+    assert!(
+        own <= escalations && escalations - own <= injected,
         "{injected} injected system recoveries, {escalations} failures inside cache.apply:\n{status}"
     );
     let checked = verify(&server.addr, &mut ledger.lock().unwrap());

@@ -3,7 +3,6 @@
 //! real NBD clients against it, and speak raw NBD for bad-input tests.
 #![allow(dead_code)]
 
-pub mod blocks;
 pub mod raw;
 
 use std::path::{Path, PathBuf};

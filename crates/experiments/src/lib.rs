@@ -11,5 +11,6 @@
 pub mod bench;
 pub mod demo;
 pub mod harness;
+pub mod ledger;
 pub mod nbd_client;
 pub mod report;

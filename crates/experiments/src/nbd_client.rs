@@ -85,6 +85,11 @@ impl NbdClient {
         Ok(())
     }
 
+    /// The connection itself, for a client pipelining its own requests.
+    pub fn into_stream(self) -> anyhow::Result<TcpStream> {
+        Ok(self.s)
+    }
+
     /// Write `data` at `offset`.
     pub fn write(&mut self, offset: u64, data: &[u8]) -> anyhow::Result<()> {
         self.request(cmd::WRITE, offset, data.len() as u32, data)

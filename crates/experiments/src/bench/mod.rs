@@ -12,6 +12,7 @@ use crate::harness::{ServeCommand, ServerFiles};
 mod availability;
 mod badpath;
 mod controller;
+mod devicefaults;
 mod fio;
 mod loglock;
 mod lostdevice;
@@ -42,6 +43,8 @@ enum Which {
     Box(recobox::BoxBenchArgs),
     /// The controller over NBD vs nbdkit (file, memory) and qemu-nbd, fio cache-standard.
     Controller(controller::ControllerArgs),
+    /// The environment's faults (device errors, latency, power loss): IOPS, FLUSH errors, declare and rebuild times, data lost.
+    DeviceFaults(devicefaults::DeviceFaultsArgs),
     /// A lost device: degraded service and rebuild per RAID layout, vs striping (fio load).
     LostDevice(lostdevice::LostDeviceArgs),
     /// Rung 3's output commit: throughput and latency against the checkpoint interval per scheme; rollback time.
@@ -97,6 +100,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         Which::Loglock(a) => loglock::run(a),
         Which::OutputCommit(a) => outputcommit::run(a),
         Which::LostDevice(a) => lostdevice::run(a),
+        Which::DeviceFaults(a) => devicefaults::run(a),
         Which::Smartstore(a) => smartstore::run(a),
     }
 }
