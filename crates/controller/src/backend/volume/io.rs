@@ -167,37 +167,37 @@ impl Inner {
                 parity,
                 others,
             } => {
+                let mut failed = None;
                 if self.usable(data, stripe) != Use::Missing {
                     match self.read_slot(data, stripe, out) {
-                        Err(Fault::Device(d, e)) => {
-                            // A read error: serve the XOR of the rest of
-                            // the stripe and rewrite the slot (as md does).
-                            let _g = self.lock(stripe);
-                            if self
-                                .xor_of(stripe, std::iter::once(parity).chain(others), out)
-                                .is_err()
-                            {
-                                return Err(Fault::Device(d, e));
-                            }
-                            self.correct(d, stripe, track, out);
-                            return Ok(());
-                        }
+                        Err(Fault::Device(d, e)) => failed = Some((d, e)),
                         read => return read,
                     }
                 }
-                // Degraded read: the XOR of the rest of the stripe, under
-                // the stripe's lock so no write is half done.
+                // Degraded read, or a read error (served from the XOR of
+                // the rest of the stripe, then the slot rewritten, as md
+                // does): under the stripe's lock so no write is half done.
                 let _g = self.lock(stripe);
-                if self.usable(data, stripe) != Use::Missing {
-                    return self.read_slot(data, stripe, out);
+                if failed.is_none() && self.usable(data, stripe) != Use::Missing {
+                    // The rebuild passed the slot meanwhile.
+                    match self.read_slot(data, stripe, out) {
+                        Err(Fault::Device(d, e)) => failed = Some((d, e)),
+                        read => return read,
+                    }
                 }
-                self.xor_of(stripe, std::iter::once(parity).chain(others), out)
-                    .map_err(|f| match f {
-                        Fault::Io(e) => Self::unavailable(format!(
-                            "track {track} (stripe {stripe}) cannot be reconstructed: {e}"
-                        )),
-                        f => f,
-                    })
+                let rebuilt = self.xor_of(stripe, std::iter::once(parity).chain(others), out);
+                match (rebuilt, failed) {
+                    (Ok(()), Some((d, _))) => {
+                        self.correct(d, stripe, track, out);
+                        Ok(())
+                    }
+                    (Ok(()), None) => Ok(()),
+                    (Err(_), Some((d, e))) => Err(Fault::Device(d, e)),
+                    (Err(Fault::Io(e)), None) => Err(Self::unavailable(format!(
+                        "track {track} (stripe {stripe}) cannot be reconstructed: {e}"
+                    ))),
+                    (Err(f), None) => Err(f),
+                }
             }
         }
     }
