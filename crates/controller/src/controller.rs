@@ -350,6 +350,7 @@ fn start_background_work(engine: &Arc<Engine>) -> Result<(), OpenError> {
     engine.epochs.rebase(engine);
     crate::engine::epoch::start(engine)?;
     crate::engine::destage::start_tick(engine);
+    crate::engine::destage::start_syncer(engine)?;
     crate::engine::destage::kick(engine);
     crate::engine::scrub::start(engine);
     Ok(())

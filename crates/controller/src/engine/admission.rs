@@ -53,6 +53,7 @@ pub(crate) fn admit(
                     } else {
                         drop(admission);
                         crate::engine::destage::kick(engine);
+                        engine.destage.hurry();
                         continue;
                     }
                 }

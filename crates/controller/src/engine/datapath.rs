@@ -752,6 +752,8 @@ fn durable(
         finish_io(*req, ctl.sync_durable());
         return;
     }
+    // A track it waits for may be written and waiting for the syncer.
+    ctl.destage.hurry();
     if let Some((kind, why)) = ctl.destage.failing() {
         // What it waits for is failing on the devices: never wait for
         // success that may not come, answer EIO now (the tracks stay

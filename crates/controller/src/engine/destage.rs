@@ -16,7 +16,9 @@
 //! overwrites a newer one on the device. The record's slot is freed only
 //! after the device write returned *and* a device sync that started after
 //! it succeeded ([`settle`]; syncs are shared between destages by
-//! [`crate::backend::syncgate`]): until then the track stays destaging,
+//! [`crate::backend::syncgate`]; background destage hands its writes to
+//! one syncer thread, [`start_syncer`], so a sync holds no worker): until
+//! then the track stays destaging,
 //! reads are served from the NVS and the cache, and the record stays. A
 //! failed write or sync ends the destage unwritten: the track stays dirty,
 //! its record stays, and it is written again from the NVS at the next
@@ -59,6 +61,9 @@ use crate::recovery::Rung;
 
 /// Period of the destage tick.
 pub const TICK: Duration = Duration::from_millis(100);
+/// Longest a background destage write waits for the device sync that
+/// frees its record: one sync covers what every destage wrote meanwhile.
+pub const SYNC_INTERVAL: Duration = Duration::from_millis(500);
 /// How long a forced destage waits for another destage of the same track.
 pub(crate) const FORCE_WAIT: Duration = Duration::from_secs(30);
 
@@ -119,9 +124,35 @@ pub struct DestageQueue {
     /// a full NVS then fails writes at once instead of waiting for space
     /// no destage can free.
     failing: Mutex<Option<std::io::Error>>,
+    /// Background destage writes waiting for the syncer ([`start_syncer`]),
+    /// one list per batch (each counted in `inflight` until settled).
+    unsynced: Mutex<Vec<Vec<Unsynced>>>,
+    unsynced_arrived: parking_lot::Condvar,
+    /// Someone waits for the syncer (a FLUSH, a full NVS): sync now.
+    hurry: std::sync::atomic::AtomicBool,
 }
 
 impl DestageQueue {
+    /// Ask the syncer to sync what it holds now rather than at the end of
+    /// its interval (a FLUSH waits for a track it holds; the NVS is full).
+    pub(crate) fn hurry(&self) {
+        self.hurry.store(true, Ordering::Release);
+        let _pending = self.unsynced.lock();
+        self.unsynced_arrived.notify_one();
+    }
+
+    /// Give a batch's writes to the syncer: the worker goes on, the sync
+    /// that frees their records runs on the syncer's thread.
+    fn hand_over(&self, written: Vec<Unsynced>) {
+        if written.is_empty() {
+            return;
+        }
+        // Counted until settled, so a quiesce (rung 4) waits for them.
+        self.inflight.fetch_add(1, Ordering::AcqRel);
+        self.unsynced.lock().push(written);
+        self.unsynced_arrived.notify_one();
+    }
+
     /// The device error failing destages now, if the last one failed.
     pub fn failing(&self) -> Option<(std::io::ErrorKind, String)> {
         self.failing
@@ -298,9 +329,7 @@ fn batch(ctl: &Arc<Engine>) {
             }
         }
     }
-    if let Err(e) = settle(ctl, written) {
-        tracing::warn!(error = %e, "device sync after destage failed; the tracks stay dirty and will be written again");
-    }
+    ctl.destage.hand_over(written);
     let q = &ctl.destage;
     if !q.is_empty() && !ctl.stopping.load(Ordering::Relaxed) && !ctl.system.is_quiescing() {
         let c = Arc::clone(ctl);
@@ -460,7 +489,7 @@ pub(crate) fn force(ctl: &Engine, track: u64) -> std::io::Result<Option<Unsynced
         match try_force(ctl, track)? {
             Forced::Done => return Ok(None),
             Forced::Written(u) => return Ok(Some(u)),
-            Forced::InFlight => {}
+            Forced::InFlight => ctl.destage.hurry(),
             Forced::BackedOff(e) => {
                 // Rung 1: the device queue is full (or a degraded volume
                 // holds the write until its stripe is rebuilt); back off
@@ -520,6 +549,64 @@ pub(crate) fn destage_all(ctl: &Engine) -> std::io::Result<()> {
     // Settled however the forcing ended: what was written is ended.
     let settled = settle(ctl, written);
     forced.and(settled)
+}
+
+/// Start the syncer: one thread that takes the background destage writes
+/// every batch hands over, syncs the devices once for all of them (shared
+/// with whoever syncs at the same time) and ends their destages. A sync
+/// can take milliseconds on a disk; on the syncer it holds no worker of
+/// the runtime, and one sync covers every batch written meanwhile. It
+/// stops when the engine is dropped.
+pub(crate) fn start_syncer(ctl: &Arc<Engine>) -> std::io::Result<()> {
+    let weak = Arc::downgrade(ctl);
+    std::thread::Builder::new()
+        .name("rebound-destage-sync".into())
+        .spawn(move || {
+            while let Some(ctl) = weak.upgrade() {
+                let batches = take_unsynced(&ctl);
+                if batches.is_empty() {
+                    continue;
+                }
+                let n = batches.len() as u32;
+                if let Err(e) = settle(&ctl, batches.into_iter().flatten().collect()) {
+                    tracing::warn!(error = %e, "device sync after destage failed; the tracks stay dirty and will be written again");
+                }
+                ctl.destage.inflight.fetch_sub(n, Ordering::AcqRel);
+                if !ctl.destage.is_empty() {
+                    // Destages ended here may have requeued tracks.
+                    kick(&ctl);
+                }
+            }
+        })
+        .map(|_| ())
+}
+
+/// The batches handed over, once the first has waited [`SYNC_INTERVAL`]
+/// (one sync then covers every batch written meanwhile), or at once when
+/// someone waits or the NVS runs short of free slots; none after a tick
+/// without any.
+fn take_unsynced(ctl: &Engine) -> Vec<Vec<Unsynced>> {
+    let q = &ctl.destage;
+    let mut pending = q.unsynced.lock();
+    if pending.is_empty() {
+        q.unsynced_arrived.wait_for(&mut pending, TICK);
+        if pending.is_empty() {
+            return Vec::new();
+        }
+    }
+    let until = Instant::now() + SYNC_INTERVAL;
+    while !q.hurry.swap(false, Ordering::AcqRel)
+        && ctl.nvs.free_slots() > ctl.nvs.slot_count() / 4
+        && !ctl.stopping.load(Ordering::Relaxed)
+        && !ctl.system.is_quiescing()
+    {
+        let now = Instant::now();
+        if now >= until {
+            break;
+        }
+        q.unsynced_arrived.wait_for(&mut pending, until - now);
+    }
+    std::mem::take(&mut *pending)
 }
 
 /// Start the periodic tick (it stops when the controller is dropped or
