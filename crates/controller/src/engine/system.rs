@@ -388,6 +388,8 @@ fn rebuild(ctl: &Engine) -> (RebuildSource, Option<String>) {
 fn quiesce(ctl: &Engine, started: Instant, rung: &str) {
     let sys = &ctl.system;
     let deadline = started + QUIESCE_TIMEOUT;
+    // Destage writes waiting for the syncer count as in flight: sync now.
+    ctl.destage.hurry();
     while sys.in_pipeline() > 0 || ctl.destage.inflight() > 0 {
         if Instant::now() >= deadline {
             tracing::error!(
