@@ -13,10 +13,10 @@
 
 mod common;
 
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Server, qemu_io, tool};
+use common::{Server, qemu_io, qemu_io_run};
 
 /// `rebound inject ARGS --admin SOCKET`; its output, which must succeed.
 fn inject(server: &Server, args: &[&str]) -> String {
@@ -36,21 +36,10 @@ fn inject(server: &Server, args: &[&str]) -> String {
     text
 }
 
-/// qemu-io commands that may fail (cache mode `cache`: writeback, or
-/// writethrough for FUA writes): the output and the exit status.
-fn qemu_io_may_fail(uri: &str, cache: &str, commands: &[&str]) -> (String, Output) {
-    let mut cmd = Command::new(tool("qemu-io"));
-    cmd.args(["-f", "raw", "-t", cache, uri]);
-    for c in commands {
-        cmd.args(["-c", c]);
-    }
-    let out = cmd.output().expect("running qemu-io");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (text, out)
+/// qemu-io commands that may fail, with cache mode `cache` (writeback, or
+/// writethrough for FUA writes): the output and whether it succeeded.
+fn qemu_io_may_fail(uri: &str, cache: &str, commands: &[&str]) -> (String, bool) {
+    qemu_io_run(&["-f", "raw", "-t", cache, uri], commands)
 }
 
 #[test]
@@ -83,11 +72,8 @@ fn a_failing_sync_fails_every_flush_until_it_heals_and_loses_nothing() {
     );
     for attempt in 0..3 {
         // qemu-io's flush says nothing; its exit status tells.
-        let (text, out) = qemu_io_may_fail(&uri, "writeback", &["flush"]);
-        assert!(
-            !out.status.success(),
-            "FLUSH {attempt} while syncs fail succeeded: {text}"
-        );
+        let (text, ok) = qemu_io_may_fail(&uri, "writeback", &["flush"]);
+        assert!(!ok, "FLUSH {attempt} while syncs fail succeeded: {text}");
     }
     qemu_io(&["-f", "raw", &uri], &["read -P 0x5a 0 1M".into()]);
     let status = server.admin("status").unwrap();
@@ -120,12 +106,8 @@ fn a_mirror_device_failing_reads_is_served_around_and_kept() {
         &["write -P 0x33 0 16M".into(), "flush".into()],
     );
     inject(&server, &["device-error", "--device", "1", "--op", "read"]);
-    let (text, out) = qemu_io_may_fail(&uri, "writeback", &["read -P 0x33 0 16M"]);
-    assert!(
-        out.status.success() && !text.contains("failed"),
-        "{text}\n{}",
-        server.log()
-    );
+    let (text, ok) = qemu_io_may_fail(&uri, "writeback", &["read -P 0x33 0 16M"]);
+    assert!(ok && !text.contains("failed"), "{text}\n{}", server.log());
     let status = server.admin("status").unwrap();
     assert!(
         !status.contains("DEGRADED"),

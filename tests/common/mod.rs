@@ -196,9 +196,9 @@ pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
-/// Run qemu-io commands against `uri`; panics with the output on any
-/// failure message.
-pub fn qemu_io(target: &[&str], commands: &[String]) -> String {
+/// Run qemu-io commands against `target` (its options and URI): the
+/// output (stdout and stderr) and whether it succeeded.
+pub fn qemu_io_run(target: &[&str], commands: &[&str]) -> (String, bool) {
     let mut cmd = Command::new(tool("qemu-io"));
     cmd.args(target);
     for c in commands {
@@ -210,7 +210,15 @@ pub fn qemu_io(target: &[&str], commands: &[String]) -> String {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(out.status.success(), "qemu-io failed: {text}");
+    (text, out.status.success())
+}
+
+/// Run qemu-io commands against `uri`; panics with the output on any
+/// failure message.
+pub fn qemu_io(target: &[&str], commands: &[String]) -> String {
+    let commands: Vec<&str> = commands.iter().map(String::as_str).collect();
+    let (text, ok) = qemu_io_run(target, &commands);
+    assert!(ok, "qemu-io failed: {text}");
     assert!(
         !text.contains("failed") && !text.contains("error"),
         "qemu-io reported an error: {text}"

@@ -56,6 +56,16 @@ struct Timing {
 
 /// Start fio for `runtime` writing a per-100 ms IOPS log under `prefix`.
 pub(super) fn fio(port: u16, runtime: Duration, prefix: &Path) -> anyhow::Result<Child> {
+    fio_sized(port, runtime, prefix, "1g")
+}
+
+/// [`fio`] over the first `size` of the export (fio's `--size`).
+pub(super) fn fio_sized(
+    port: u16,
+    runtime: Duration,
+    prefix: &Path,
+    size: &str,
+) -> anyhow::Result<Child> {
     Command::new("fio")
         .args([
             "--name=load",
@@ -65,7 +75,7 @@ pub(super) fn fio(port: u16, runtime: Duration, prefix: &Path) -> anyhow::Result
             "--rwmixread=75",
             "--bs=4k",
             "--iodepth=16",
-            "--size=1g",
+            &format!("--size={size}"),
             "--time_based=1",
             &format!("--runtime={}ms", runtime.as_millis()),
             "--log_avg_msec=100",

@@ -19,7 +19,7 @@
 //! covered by a completed FLUSH lost must be 0.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -113,26 +113,7 @@ struct Outcome {
 
 /// fio on the first 1020 MiB (the ledger client has the rest).
 fn fio(port: u16, runtime: Duration, prefix: &Path) -> anyhow::Result<Child> {
-    Command::new("fio")
-        .args([
-            "--name=load",
-            "--ioengine=nbd",
-            &format!("--uri=nbd://127.0.0.1:{port}/"),
-            "--rw=randrw",
-            "--rwmixread=75",
-            "--bs=4k",
-            "--iodepth=16",
-            "--size=1020m",
-            "--time_based=1",
-            &format!("--runtime={}ms", runtime.as_millis()),
-            "--log_avg_msec=100",
-            &format!("--write_iops_log={}", prefix.display()),
-            "--output=/dev/null",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting fio (apt-get install fio)")
+    super::availability::fio_sized(port, runtime, prefix, "1020m")
 }
 
 /// The ledger client on its own thread until `stop`.
