@@ -382,6 +382,22 @@ fn keep_for_postmortem(server: &Server) {
     eprintln!("evidence kept in {}", dir.display());
 }
 
+/// Send `request` (a rung 3 or 4 recovery) to the admin socket, asking
+/// again while a recovery escalated from cache.apply still runs (refused
+/// as already running; up to 5 s); the answer.
+fn admin_when_no_recovery_runs(server: &Server, request: &str) -> String {
+    (0..500)
+        .find_map(|_| match server.admin(request) {
+            Err(e) if e.contains("already running") => {
+                std::thread::sleep(Duration::from_millis(10));
+                None
+            }
+            other => Some(other),
+        })
+        .expect("the running recovery ended within 5 s")
+        .unwrap()
+}
+
 fn kills(default: u32) -> u32 {
     std::env::var("REBOUND_CRASH_KILLS")
         .ok()
@@ -437,16 +453,7 @@ fn acknowledged_writes_survive_system_recoveries_with_the_connection_up() {
         }
         // A failure escalated from cache.apply may still be in its own
         // rung 4 (longer on a loaded machine): this one waits its turn.
-        let answer = (0..500)
-            .find_map(|_| match server.admin("inject system") {
-                Err(e) if e.contains("already running") => {
-                    std::thread::sleep(Duration::from_millis(10));
-                    None
-                }
-                other => Some(other),
-            })
-            .expect("a system recovery ran for 5 s")
-            .unwrap();
+        let answer = admin_when_no_recovery_runs(&server, "inject system");
         assert!(answer.contains("rung 4 system recovery"), "{answer}");
         eprintln!("{}", answer.trim());
         if round >= rounds / 2 {
@@ -634,16 +641,7 @@ fn acknowledged_writes_survive_rollbacks_with_the_connection_up() {
             }
             // A panic inside cache.apply may have escalated to rung 4: a
             // rollback asked meanwhile is refused as already running.
-            let answer = (0..500)
-                .find_map(|_| match server.admin("inject rollback") {
-                    Err(e) if e.contains("already running") => {
-                        std::thread::sleep(Duration::from_millis(10));
-                        None
-                    }
-                    other => Some(other),
-                })
-                .expect("the system recovery ended within 5 s")
-                .unwrap();
+            let answer = admin_when_no_recovery_runs(&server, "inject rollback");
             assert!(answer.contains("rung 3 rollback"), "{answer}");
             injected += 1;
         }
