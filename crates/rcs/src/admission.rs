@@ -31,6 +31,17 @@ pub(crate) enum Sigma {
     Count,
 }
 
+/// The sigma rule alone: whether a group with `running` tasks running
+/// admits one more under `mode`. Shared by the runtime's [`Admission`] and
+/// the simulator, so both apply the same constraint.
+#[inline]
+pub(crate) fn admits(running: u32, sigma: u32, mode: Sigma) -> bool {
+    match mode {
+        Sigma::Enforce => running < sigma,
+        Sigma::Count => true,
+    }
+}
+
 /// Running count of one group.
 #[derive(Debug, Default)]
 pub(crate) struct Admission {
@@ -59,7 +70,7 @@ impl Admission {
             Sigma::Enforce => {
                 let mut current = self.running.load(Ordering::Relaxed);
                 loop {
-                    if current >= sigma {
+                    if !admits(current, sigma, mode) {
                         return false;
                     }
                     match self.running.compare_exchange_weak(

@@ -110,6 +110,7 @@ impl Affiliate {
             body: Box::new(body),
             kind,
             group,
+            priority,
         };
         let mut result = Ok(());
         let _tls = TlsGuard::enter(&sh, self.exec.index);

@@ -100,7 +100,13 @@ impl Executor {
         task: Task,
         local: Option<&Local>,
     ) -> Result<(), Failure> {
-        let Task { body, kind, group } = task;
+        let Task {
+            body,
+            kind,
+            group,
+            priority,
+        } = task;
+        let traced_since = sh.trace.as_ref().map(|_| std::time::Instant::now());
         debug_assert!(
             self.cleanups.is_empty(),
             "clean-up stack leaked between tasks"
@@ -137,6 +143,10 @@ impl Executor {
             },
         };
         set_current(None, "");
+        if let (Some(trace), Some(since)) = (&sh.trace, traced_since) {
+            let ns = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            trace.record(group.index(), priority, ns);
+        }
         if let Some(c) = clock {
             c.stop();
         }

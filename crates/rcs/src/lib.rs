@@ -102,8 +102,11 @@ pub mod recovery;
 pub mod recovery_point;
 pub mod refine;
 mod runtime;
+mod scheduler;
+pub mod sim;
 mod sync;
 mod task;
+pub mod trace;
 pub mod worker;
 
 pub use affiliate::Affiliate;

@@ -138,6 +138,8 @@ pub(crate) struct Shared {
     pub(crate) event_seq: AtomicU64,
     pub(crate) system_escalations: AtomicU64,
     pub(crate) dependencies: Option<DependencyTracker>,
+    /// Service times per group and priority, when tracing.
+    pub(crate) trace: Option<crate::trace::Recorder>,
     pub(crate) started: Instant,
 }
 
@@ -179,7 +181,12 @@ impl Shared {
             .groups
             .get(group.index())
             .ok_or(SubmitError::UnknownGroup(group))?;
-        let task = Task { body, kind, group };
+        let task = Task {
+            body,
+            kind,
+            group,
+            priority,
+        };
         let p = priority.index();
         let policy = self.policy();
         let full = || SubmitError::QueueFull { group, priority };
@@ -305,6 +312,7 @@ pub struct RuntimeBuilder {
     groups: Vec<GroupSpec>,
     system_recovery: Option<SystemRecovery>,
     observe_dependencies: bool,
+    trace_tasks: bool,
     thread_name: String,
 }
 
@@ -343,6 +351,7 @@ impl Default for RuntimeBuilder {
             groups: Vec::new(),
             system_recovery: None,
             observe_dependencies: false,
+            trace_tasks: false,
             thread_name: "rcs-worker".to_owned(),
         }
     }
@@ -468,6 +477,14 @@ impl RuntimeBuilder {
     /// Record `observe_lock` reports for scope refinement (default off).
     pub fn observe_dependencies(&mut self, on: bool) -> &mut Self {
         self.observe_dependencies = on;
+        self
+    }
+
+    /// Record every task's service time per group and priority (default
+    /// off), for [`Handle::task_trace`] and the simulator (see
+    /// [`crate::trace`]).
+    pub fn trace_tasks(&mut self, on: bool) -> &mut Self {
+        self.trace_tasks = on;
         self
     }
 
@@ -682,6 +699,9 @@ impl RuntimeBuilder {
             event_seq: AtomicU64::new(0),
             system_escalations: AtomicU64::new(0),
             dependencies: self.observe_dependencies.then(DependencyTracker::default),
+            trace: self.trace_tasks.then(|| {
+                crate::trace::Recorder::new(self.groups.iter().map(|g| g.name.clone()).collect())
+            }),
             started: Instant::now(),
         });
         let mut threads = Vec::with_capacity(pool_of_worker.len());
@@ -926,7 +946,7 @@ impl Handle {
     /// Switch the scheduling policy. Queued tasks follow.
     pub fn set_policy(&self, policy: Policy) -> Result<(), ControlError> {
         if policy.needs_static_mapping()
-            && let Some(g) = self.shared.mapping.first_unmapped
+            && let Some(g) = self.shared.mapping.tables.first_unmapped
         {
             return Err(ControlError::UnmappedGroup {
                 policy,
@@ -1012,6 +1032,15 @@ impl Handle {
             .dependencies
             .as_ref()
             .map_or_else(|| crate::refine::refine(Vec::new()), |d| d.refinement())
+    }
+
+    /// The task trace recorded so far (`None` unless built with
+    /// [`RuntimeBuilder::trace_tasks`]).
+    pub fn task_trace(&self) -> Option<crate::trace::TaskTrace> {
+        self.shared
+            .trace
+            .as_ref()
+            .map(crate::trace::Recorder::snapshot)
     }
 
     /// A snapshot of the metrics.

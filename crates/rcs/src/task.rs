@@ -26,6 +26,8 @@ pub(crate) struct Task {
     pub(crate) body: TaskBody,
     pub(crate) kind: &'static str,
     pub(crate) group: GroupId,
+    /// The queue it was submitted to (recorded by task traces).
+    pub(crate) priority: Priority,
 }
 
 impl std::fmt::Debug for Task {
@@ -155,6 +157,7 @@ impl TaskCtx<'_> {
                 body: Box::new(body),
                 kind,
                 group,
+                priority,
             };
             local.tasks.borrow_mut().push_back((task, priority));
             return Ok(());
