@@ -66,6 +66,11 @@ pub struct ServeArgs {
     /// Admin socket for `rebound status` and `rebound inject` [default: <data dir>/admin.sock].
     #[arg(long, value_name = "PATH.sock")]
     admin: Option<PathBuf>,
+    /// Record every task's service time per recovery group and priority
+    /// into FILE (rewritten every 2 s and at shutdown), the workload of
+    /// `rebound sim rcs --trace FILE`.
+    #[arg(long, value_name = "FILE")]
+    trace_tasks: Option<PathBuf>,
     /// Run the server as a child process and start it again whenever it
     /// dies (a crash, kill -9): rung 5 (or 6) without an operator.
     #[arg(long)]
@@ -252,6 +257,9 @@ impl ServeArgs {
         if let Some(v) = &self.admin {
             c.admin = Some(v.clone());
         }
+        if let Some(v) = &self.trace_tasks {
+            c.trace_tasks = Some(v.clone());
+        }
         if let Some(v) = &self.flush {
             c.flush = if v == "nvs" {
                 FlushPolicy::Nvs
@@ -322,9 +330,15 @@ pub fn run(args: ServeArgs) -> anyhow::Result<std::process::ExitCode> {
             .map(|m| format!("; metrics at http://{}/metrics", m.local_addr()))
             .unwrap_or_default()
     );
+    let mut ticks = 0u32;
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(100));
+        ticks += 1;
+        if ticks.is_multiple_of(20) {
+            write_task_trace(&config, &ctl);
+        }
     }
+    write_task_trace(&config, &ctl);
     eprintln!(
         "rebound: shutting down: answering in-flight requests, destaging {} dirty tracks",
         ctl.dirty_tracks()
@@ -336,6 +350,25 @@ pub fn run(args: ServeArgs) -> anyhow::Result<std::process::ExitCode> {
     drop(metrics);
     eprintln!("rebound: clean shutdown");
     Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// Write the task trace, if one is recorded: to a temporary file renamed
+/// over the target, so a reader never sees half a trace. Failures are
+/// logged, not fatal: the trace is a diagnostic.
+fn write_task_trace(config: &controller::Config, ctl: &Controller) {
+    let Some(path) = &config.trace_tasks else {
+        return;
+    };
+    let Some(trace) = ctl.engine().runtime().task_trace() else {
+        return;
+    };
+    let tmp = path.with_extension("trace.tmp");
+    let written = std::fs::File::create(&tmp)
+        .and_then(|f| trace.write_csv(std::io::BufWriter::new(f)))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = written {
+        tracing::warn!(path = %path.display(), error = %e, "writing the task trace");
+    }
 }
 
 #[cfg(test)]
@@ -362,6 +395,7 @@ mod tests {
         ("idle_spins", Some("7")),
         ("metrics", Some("127.0.0.1:2")),
         ("admin", Some("/tmp/rebound-flags.sock")),
+        ("trace_tasks", Some("/tmp/rebound-flags.trace")),
         ("flush", Some("nvs")),
         ("discard", Some("unmap")),
         ("direct_io", None),

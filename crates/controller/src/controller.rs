@@ -133,6 +133,7 @@ fn build_runtime(config: &Config, late: &LateEngine) -> Result<(rcs::Runtime, Gr
         .policy(policy)
         .queue_capacity(16_384)
         .idle_spins(config.idle_spins)
+        .trace_tasks(config.trace_tasks.is_some())
         // One per connection thread (see `connection`); past that, threads
         // queue their requests for the workers.
         .affiliates(

@@ -22,6 +22,7 @@
 //!                                          # (default: 30 x task_deadline, at most 3600s; 0s: off)
 //! metrics = "127.0.0.1:9109"               # optional
 //! admin = "./rebound-data/admin.sock"      # default: <data_dir>/admin.sock
+//! trace_tasks = "./tasks.trace"            # optional: record rcs task service times
 //! flush = "devices"
 //! discard = "keep"                         # TRIM/WRITE_ZEROES: keep (space stays allocated) | unmap (punch holes)
 //! direct_io = false
@@ -218,6 +219,10 @@ pub struct Config {
     /// Admin socket for `rebound status` and `rebound inject` (default:
     /// `<data_dir>/admin.sock`).
     pub admin: Option<PathBuf>,
+    /// Record every task's service time per group and priority and write
+    /// the trace here (every 2 s and at shutdown) for `rebound sim rcs
+    /// --trace` (format: `rcs::trace`).
+    pub trace_tasks: Option<PathBuf>,
     /// What FLUSH and FUA make durable.
     pub flush: FlushPolicy,
     /// What TRIM and WRITE_ZEROES do with the device files' space.
@@ -287,6 +292,7 @@ impl Default for Config {
             hung_after: None,
             metrics: None,
             admin: None,
+            trace_tasks: None,
             flush: FlushPolicy::Devices,
             discard: Discard::Keep,
             direct_io: false,
