@@ -72,6 +72,7 @@ echo "ok"
 
 step "experiments, quick mode (smoke)"
 cargo run --release --quiet -- bench rcs --quick
+cargo run --release --quiet -- sim rcs --quick
 cargo run --release --quiet -- bench controller --quick
 cargo run --release --quiet -- bench box --quick
 cargo run --release --quiet -- bench loglock --quick

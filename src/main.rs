@@ -38,6 +38,9 @@ enum Command {
     /// Run an experiment or benchmark; prints a table, full runs also write a PNG plot.
     #[cfg(feature = "experiments")]
     Bench(experiments::bench::BenchArgs),
+    /// Simulate the scheduler at processor counts this host lacks (deterministic, the real policy code).
+    #[cfg(feature = "experiments")]
+    Sim(experiments::sim::SimArgs),
     /// Watch the recovery ladder: a server, a verifying client, one fault per rung (~20 s).
     #[cfg(feature = "experiments")]
     Demo(experiments::demo::DemoArgs),
@@ -59,6 +62,8 @@ fn main() -> std::process::ExitCode {
         Command::Inject(args) => admin_cmd::inject(args),
         #[cfg(feature = "experiments")]
         Command::Bench(args) => experiments::bench::run(args),
+        #[cfg(feature = "experiments")]
+        Command::Sim(args) => experiments::sim::run(args),
         #[cfg(feature = "experiments")]
         Command::Demo(args) => experiments::demo::run(args),
         #[cfg(feature = "smartstore")]

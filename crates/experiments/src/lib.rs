@@ -14,3 +14,4 @@ pub mod harness;
 pub mod ledger;
 pub mod nbd_client;
 pub mod report;
+pub mod sim;

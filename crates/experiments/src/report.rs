@@ -275,3 +275,104 @@ pub fn line_chart_png(
         .with_context(|| format!("writing {}", path.display()))?;
     Ok(())
 }
+
+/// One panel of [`two_panel_line_png`]: its y label and its named series.
+pub type LinePanel<'a> = (&'a str, &'a [(String, Vec<(f64, f64)>)]);
+
+/// A number for an axis label: integers as such, others to 3 significant
+/// digits.
+fn axis_number(v: f64) -> String {
+    if v >= 1.0 && (v - v.round()).abs() < 1e-6 {
+        thousands(v.round())
+    } else if v.abs() < 0.01 && v != 0.0 {
+        format!("{v:.1e}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+/// Two line charts side by side sharing the x axis (optionally log-scaled:
+/// the x values are plotted by their logarithm and labelled with their
+/// value). Series whose name contains "bad" are drawn thick with markers.
+pub fn two_panel_line_png(
+    path: &Path,
+    title: &str,
+    x_label: &str,
+    log_x: bool,
+    left: LinePanel<'_>,
+    right: LinePanel<'_>,
+) -> anyhow::Result<()> {
+    register_font()?;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let root = BitMapBackend::new(path, (1500, 620)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let root = root.titled(title, ("sans-serif", 24))?;
+    let panels = root.split_evenly((1, 2));
+    let tx = |x: f64| if log_x { x.log10() } else { x };
+    for (area, (y_label, series)) in panels.iter().zip([left, right]) {
+        let xs = || series.iter().flat_map(|(_, v)| v.iter().map(|p| tx(p.0)));
+        let x_min = xs().fold(f64::INFINITY, f64::min);
+        let x_max = xs().fold(f64::NEG_INFINITY, f64::max);
+        let (x_min, x_max) = if x_min.is_finite() && x_max > x_min {
+            (x_min, x_max)
+        } else {
+            (0.0, 1.0)
+        };
+        let y_max = series
+            .iter()
+            .flat_map(|(_, v)| v.iter().map(|p| p.1))
+            .fold(0.0f64, f64::max)
+            * 1.35;
+        let mut chart = ChartBuilder::on(area)
+            .margin(14)
+            .x_label_area_size(45)
+            .y_label_area_size(85)
+            .build_cartesian_2d(x_min..x_max, 0f64..y_max.max(1e-9))?;
+        let x_fmt = |v: &f64| {
+            if log_x {
+                axis_number(10f64.powf(*v))
+            } else {
+                axis_number(*v)
+            }
+        };
+        chart
+            .configure_mesh()
+            .x_desc(x_label)
+            .y_desc(y_label)
+            .x_label_formatter(&x_fmt)
+            .y_label_formatter(&|v| thousands(v.round()))
+            .label_style(("sans-serif", 14))
+            .draw()?;
+        let mut kinds: Vec<&str> = Vec::new();
+        for (name, pts) in series {
+            // One colour per policy (the name's first word), whatever the path.
+            let kind = name.split_whitespace().next().unwrap_or("");
+            let k = kinds.iter().position(|&n| n == kind).unwrap_or_else(|| {
+                kinds.push(kind);
+                kinds.len() - 1
+            });
+            let color = PALETTE[k % PALETTE.len()];
+            let bad = name.contains("bad");
+            let width = if bad { 3 } else { 1 };
+            let pts: Vec<(f64, f64)> = pts.iter().map(|&(x, y)| (tx(x), y)).collect();
+            chart
+                .draw_series(LineSeries::new(
+                    pts.iter().copied(),
+                    color.stroke_width(width),
+                ))?
+                .label(name.as_str())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(width))
+                });
+            if bad {
+                chart.draw_series(pts.iter().map(|&p| Circle::new(p, 4, color.filled())))?;
+            }
+        }
+        draw_legend(&mut chart)?;
+    }
+    root.present()
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}

@@ -68,25 +68,9 @@ pub struct RcsArgs {
     path: String,
 }
 
-/// Figure 9's skew: tasks per minute, relative. Group 5 is the faulty one.
-const GROUPS: [(&str, f64); 16] = [
-    ("g1", 1.2),
-    ("g2", 0.9),
-    ("g3", 0.8),
-    ("g4", 6.5),
-    ("g5", 5.0),
-    ("g6", 0.6),
-    ("g7", 0.5),
-    ("g8", 0.4),
-    ("g9", 0.02),
-    ("g10", 0.02),
-    ("g11", 0.02),
-    ("g12", 0.02),
-    ("g13", 0.02),
-    ("g14", 0.02),
-    ("g15", 0.02),
-    ("g16", 0.02),
-];
+/// Figure 9's skew: tasks per minute, relative. Group 5 is the faulty one
+/// (the simulator's `figure9` workload is the same table).
+const GROUPS: [(&str, f64); 16] = rcs::sim::FIGURE9;
 const FAULTY: usize = 4;
 /// Groups under this share of the weight get a trickle, not clients.
 const LIGHT_SHARE: f64 = 0.01;
