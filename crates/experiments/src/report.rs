@@ -292,8 +292,8 @@ fn axis_number(v: f64) -> String {
 }
 
 /// Two line charts side by side sharing the x axis (optionally log-scaled:
-/// the x values are plotted by their logarithm and labelled with their
-/// value). Series whose name contains "bad" are drawn thick with markers.
+/// the x values are plotted by their base-2 logarithm and labelled with
+/// their value). Series whose name contains "bad" are drawn thick with markers.
 pub fn two_panel_line_png(
     path: &Path,
     title: &str,
@@ -310,7 +310,7 @@ pub fn two_panel_line_png(
     root.fill(&WHITE)?;
     let root = root.titled(title, ("sans-serif", 24))?;
     let panels = root.split_evenly((1, 2));
-    let tx = |x: f64| if log_x { x.log10() } else { x };
+    let tx = |x: f64| if log_x { x.log2() } else { x };
     for (area, (y_label, series)) in panels.iter().zip([left, right]) {
         let xs = || series.iter().flat_map(|(_, v)| v.iter().map(|p| tx(p.0)));
         let x_min = xs().fold(f64::INFINITY, f64::min);
@@ -332,7 +332,7 @@ pub fn two_panel_line_png(
             .build_cartesian_2d(x_min..x_max, 0f64..y_max.max(1e-9))?;
         let x_fmt = |v: &f64| {
             if log_x {
-                axis_number(10f64.powf(*v))
+                axis_number(2f64.powf(*v))
             } else {
                 axis_number(*v)
             }

@@ -763,7 +763,9 @@ fn plot_by(
             let name = format!("{policy} ({} path)", path_name(bad));
             throughput.push((
                 name.clone(),
-                pts.iter().map(|o| (x(o), o.report.tasks_per_s)).collect(),
+                pts.iter()
+                    .map(|o| (x(o), o.report.tasks_per_s / o.run.cpus as f64))
+                    .collect(),
             ));
             latency.push((
                 name,
@@ -778,7 +780,7 @@ fn plot_by(
         title,
         x_label,
         log_x,
-        ("tasks per second", &throughput),
+        ("tasks per second per processor", &throughput),
         ("mean latency, us", &latency),
     )?;
     println!("plot: {}", png.display());

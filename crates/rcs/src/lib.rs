@@ -14,7 +14,8 @@
 //! | §4.2 proactive RCS (sigma) | [`GroupSpec::sigma`], [`admission`](crate::admission) |
 //! | §4.2 reactive RCS (suspend the recovering group) | [`RuntimeBuilder::reactive`], [`recovery`](crate::recovery) |
 //! | Figures 6, 7 QoS loop counts | [`QosLoops`] |
-//! | §5.1 static, §5.2 partial-dynamic (Figure 8, lease), §5.3 dynamic; the performance-oriented baseline | [`Policy`], [`worker`](crate::worker) |
+//! | §5.1 static, §5.2 partial-dynamic (Figure 8, lease), §5.3 dynamic; the performance-oriented baseline | [`Policy`], the pool scheduler state machine (`scheduler`, driven by [`worker`](crate::worker) and by [`sim`]) |
+//! | §6 the experiments at 8 (or 1024) processors | [`sim`]: the same scheduler on virtual processors, replaying a [`trace`] of the real controller |
 //! | §2.2 time-outs: a task past its deadline | [`RuntimeBuilder::task_deadline`], [`deadline`] |
 //! | §4.1 tasks on the pools' CPUs; caller-runs on threads outside them | [`Handle::affiliate`], [`affiliate`] |
 //! | §6.3.3 fault injection (probability per dispatch, emulated recovery time) | [`GroupSpec::inject_faults`], [`Handle::inject`], [`fault`] |
