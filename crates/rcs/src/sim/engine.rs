@@ -537,11 +537,11 @@ impl<'a> World<'a> {
             self.submit(next, Some(cpu));
         }
         let fault = self.cfg.fault.filter(|f| f.group == g);
-        let began_while_running = self.groups[g].epoch != r.epoch;
+        // Held once already if it was dispatched during a recovery.
+        let hold = !r.in_recovery && self.groups[g].epoch != r.epoch;
         self.running[cpu] = Some(r);
         if let Some(f) = fault
-            && began_while_running
-            && !self.running[cpu].as_ref().is_some_and(|r| r.in_recovery)
+            && hold
         {
             // A recovery of its group began while it ran: it takes the
             // recovery time too.
