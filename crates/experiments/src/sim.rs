@@ -637,6 +637,27 @@ fn sweep_groups(args: &RcsSimArgs, workload: &Workload) -> anyhow::Result<()> {
     let outcomes = simulate_all(args, workload, &runs)?;
     write_sweep(args, workload, "sim-rcs-figure10", &outcomes)?;
     print_figure10(&outcomes);
+    let png = args.out.join("sim-rcs-figure10.png");
+    crate::report::bar_chart_png(
+        &png,
+        "Figure 10, simulated: dispatches/min, 8 cpus",
+        &[crate::report::BarPanel {
+            title: String::new(),
+            y_label: "dispatches per minute".into(),
+            categories: outcomes
+                .iter()
+                .map(|o| format!("{} group(s)", o.run.groups))
+                .collect(),
+            series: vec![(
+                "dynamic".into(),
+                outcomes
+                    .iter()
+                    .map(|o| o.report.dispatches_per_s * 60.0)
+                    .collect(),
+            )],
+        }],
+    )?;
+    println!("plot: {}", png.display());
     Ok(())
 }
 
