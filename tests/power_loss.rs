@@ -25,7 +25,9 @@ const REGION: Region = Region {
     count: 1024,
 };
 
-fn power_loss_loop(cycles: u32, extra: &[&str]) {
+/// `cycles` power losses, each after a random `5 ms + 0..spread` of the
+/// ledger client's writes.
+fn power_loss_loop(cycles: u32, extra: &[&str], spread: Duration) {
     let mut args = vec![
         "--cache-size",
         "256K",
@@ -42,7 +44,8 @@ fn power_loss_loop(cycles: u32, extra: &[&str]) {
         rng ^= rng << 13;
         rng ^= rng >> 7;
         rng ^= rng << 17;
-        let delay = Duration::from_micros(5_000 + rng % 40_000);
+        let spread_us = u64::try_from(spread.as_micros()).unwrap().max(1);
+        let delay = Duration::from_micros(5_000 + rng % spread_us);
         let client = {
             let (ledger, addr, seed) = (Arc::clone(&ledger), server.addr.clone(), rng);
             std::thread::spawn(move || {
@@ -93,13 +96,24 @@ fn flushed_writes_survive_power_loss_cycles() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(100);
-    power_loss_loop(cycles, &[]);
+    power_loss_loop(cycles, &[], Duration::from_millis(40));
 }
 
 #[test]
 fn flushed_writes_survive_power_loss_on_a_mirror_and_under_output_commit() {
-    power_loss_loop(25, &["--devices", "2", "--raid", "mirror"]);
-    power_loss_loop(25, &["--output-commit", "stall"]);
+    power_loss_loop(
+        25,
+        &["--devices", "2", "--raid", "mirror"],
+        Duration::from_millis(40),
+    );
+    // Under output commit a write is answered when its epoch commits (every
+    // 20 ms), and a FLUSH covers only writes answered before it was sent:
+    // a cycle must span several epochs for any write to be flushed.
+    power_loss_loop(
+        25,
+        &["--output-commit", "stall"],
+        Duration::from_millis(150),
+    );
 }
 
 #[test]
