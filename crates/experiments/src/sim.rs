@@ -179,13 +179,17 @@ pub fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
 fn policies(names: &[String]) -> anyhow::Result<Vec<Policy>> {
     let mut out = Vec::new();
     for name in names {
-        if name == "all" {
-            out.extend(Policy::ALL);
+        let named = if name == "all" {
+            Policy::ALL.to_vec()
         } else {
-            out.push(name.parse::<Policy>().map_err(anyhow::Error::msg)?);
+            vec![name.parse::<Policy>().map_err(anyhow::Error::msg)?]
+        };
+        for p in named {
+            if !out.contains(&p) {
+                out.push(p);
+            }
         }
     }
-    out.dedup();
     anyhow::ensure!(!out.is_empty(), "--policy names no policy");
     Ok(out)
 }

@@ -119,6 +119,8 @@ struct World<'a> {
     stats: Stats,
     audit: Vec<u8>,
     total_weight: f64,
+    /// Per group, nanoseconds between two trickle tasks (light groups).
+    trickle_period: Vec<u64>,
     /// Cumulative group weights, for drawing a group.
     cumulative: Vec<f64>,
 }
@@ -161,6 +163,21 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
     }
     world.now = end;
     world.report()
+}
+
+/// A light group's trickle: its share of the dispatches the processors can
+/// make when busy, as one task every this many nanoseconds.
+fn trickle_periods(cfg: &SimConfig) -> Vec<u64> {
+    let total: f64 = cfg.workload.groups.iter().map(|g| g.weight).sum();
+    let per_dispatch = cfg.workload.mean_service_ns() + cfg.dispatch_ns as f64;
+    cfg.workload
+        .groups
+        .iter()
+        .map(|g| {
+            let per_s = g.weight / total * cfg.cpus as f64 * 1e9 / per_dispatch.max(1.0);
+            ((1e9 / per_s.max(1e-3)) as u64).max(1)
+        })
+        .collect()
 }
 
 fn nanos(d: std::time::Duration) -> u64 {
@@ -259,6 +276,7 @@ impl<'a> World<'a> {
             },
             audit: Vec::new(),
             total_weight: cfg.workload.groups.iter().map(|g| g.weight).sum(),
+            trickle_period: trickle_periods(cfg),
             cumulative: cfg
                 .workload
                 .groups
@@ -297,7 +315,7 @@ impl<'a> World<'a> {
         }
         for (g, &w) in weights.iter().enumerate() {
             if w / total < LIGHT_SHARE {
-                let offset = (self.trickle_period(g) as f64 * self.rng.f64()) as u64;
+                let offset = (self.trickle_period[g] as f64 * self.rng.f64()) as u64;
                 self.schedule(offset, g, Ev::Trickle);
                 continue;
             }
@@ -340,17 +358,7 @@ impl<'a> World<'a> {
     fn trickle(&mut self, g: usize) {
         let task = self.new_task(g, false);
         self.submit(task, None);
-        let period = self.trickle_period(g);
-        self.schedule(self.now + period, g, Ev::Trickle);
-    }
-
-    /// A light group's trickle: its share of the dispatches the processors
-    /// can make when busy, as one task every this many nanoseconds.
-    fn trickle_period(&self, g: usize) -> u64 {
-        let share = self.cfg.workload.groups[g].weight / self.total_weight;
-        let per_dispatch = self.cfg.workload.mean_service_ns() + self.cfg.dispatch_ns as f64;
-        let per_s = share * self.cfg.cpus as f64 * 1e9 / per_dispatch.max(1.0);
-        ((1e9 / per_s.max(1e-3)) as u64).max(1)
+        self.schedule(self.now + self.trickle_period[g], g, Ev::Trickle);
     }
 
     /// A group drawn by weight (roaming clients).

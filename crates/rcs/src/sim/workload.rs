@@ -101,8 +101,8 @@ impl WorkloadGroup {
         if self.parts.len() == 1 {
             return self.parts[0].sample(rng);
         }
-        let total: f64 = self.parts.iter().map(|p| p.weight).sum();
-        let mut x = rng.f64() * total;
+        // The group's weight is its parts' weights summed (see `collapse`).
+        let mut x = rng.f64() * self.weight;
         for part in &self.parts {
             if x < part.weight {
                 return part.sample(rng);
