@@ -153,6 +153,18 @@ pub struct ServeArgs {
     /// Modelled device latency per KiB, microseconds (experiments) [default: 0].
     #[arg(long, value_name = "US")]
     device_latency_per_kib_us: Option<u64>,
+    /// Serve the volume read-only: writes, trims and zeroes answer EPERM
+    /// (advertised to clients as NBD_FLAG_READ_ONLY).
+    #[arg(long)]
+    read_only: bool,
+    /// The export's listed name (NBD LIST and INFO); the default export ""
+    /// is always served too [default: rebound].
+    #[arg(long, value_name = "NAME")]
+    export_name: Option<String>,
+    /// The export's description (NBD LIST and INFO) [default: the volume's
+    /// id and size].
+    #[arg(long, value_name = "TEXT")]
+    description: Option<String>,
     /// Arm a fault at start, as `rebound inject` would (repeatable; added
     /// to the file's `inject` list), e.g. --inject "panic cache.read
     /// rate=0.001 count=unlimited" or --inject "group-fault cache
@@ -200,8 +212,13 @@ impl ServeArgs {
             max_connections,
             connection_threads,
             device_queue_depth,
-            control_blocks
+            control_blocks,
+            export_name,
+            description
         );
+        if self.read_only {
+            c.read_only = true;
+        }
         self.set_choices(&mut c)?;
         self.set_optional(&mut c);
         Ok(c)

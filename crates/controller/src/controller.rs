@@ -315,17 +315,26 @@ fn open_volume_and_nvs(
 
 /// What the NBD handshake tells clients about the export.
 fn export_info(config: &Config, volume: &Volume) -> ExportInfo {
-    ExportInfo {
-        name: "rebound".into(),
-        description: format!(
+    let description = if config.description.is_empty() {
+        format!(
             "rebound volume {:#x}, {} bytes",
             volume.label().id,
             config.volume_size
-        ),
+        )
+    } else {
+        config.description.clone()
+    };
+    ExportInfo {
+        name: config.export_name.clone(),
+        description,
         size_bytes: config.volume_size,
-        min_block_bytes: TRACK_BYTES as u32,
+        // Any byte offset and length: the host layer turns partial tracks
+        // into read-modify-writes (`host::partial`); whole tracks are
+        // cheapest.
+        min_block_bytes: 1,
         preferred_block_bytes: TRACK_BYTES as u32,
         max_payload_bytes: MAX_PAYLOAD_BYTES,
+        read_only: config.read_only,
     }
 }
 
@@ -405,6 +414,7 @@ impl Controller {
             blocks,
             epochs,
             closed: AtomicBool::new(false),
+            track_locks: Arc::default(),
         });
         let _ = late.set(Arc::downgrade(&engine));
         let ctl = Arc::new(Self {

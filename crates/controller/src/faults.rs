@@ -21,6 +21,8 @@ use rcs::fault::{FaultAction, FaultConfig, FaultPoint};
 pub static HOST_RECEIVE: FaultPoint = FaultPoint::new("host.receive");
 /// A stage's entry: read hits.
 pub static CACHE_READ: FaultPoint = FaultPoint::new("cache.read");
+/// A stage's entry: BLOCK_STATUS (which tracks hold data).
+pub static CACHE_STATUS: FaultPoint = FaultPoint::new("cache.status");
 /// A stage's entry: staging read misses.
 pub static DEVICE_READ: FaultPoint = FaultPoint::new("device.read");
 /// A stage's entry: writing a WRITE's NVS records.
@@ -44,9 +46,10 @@ pub static HOST_CB_LEAK: FaultPoint = FaultPoint::new("host.cb-leak");
 
 /// Every fault point of the controller, in the order `rebound inject`
 /// lists them.
-pub static POINTS: [&FaultPoint; 12] = [
+pub static POINTS: [&FaultPoint; 13] = [
     &HOST_RECEIVE,
     &CACHE_READ,
+    &CACHE_STATUS,
     &DEVICE_READ,
     &NVS_WRITE,
     &CACHE_APPLY,

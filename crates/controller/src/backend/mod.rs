@@ -17,6 +17,7 @@
 //!
 //! | module | concept |
 //! |---|---|
+//! | [`allocmap`] | which tracks may hold data (BLOCK_STATUS `base:allocation`), synced with the devices |
 //! | [`device`] | a backend device (file, `pread`/`pwrite`, optional `O_DIRECT`) and its latency model |
 //! | [`faulty`] | the environment's faults at the door: device errors, torn writes, latency, power loss |
 //! | [`devqueue`] | device submission queues: queue full, unsolicited completions (rung 1) |
@@ -27,6 +28,8 @@
 //! | [`syncgate`] | group commit of device syncs, keeping `fdatasync`'s error semantics |
 //! | [`pseudodev`] | output commit's pseudo-device: the door to the volume (rung 3) |
 
+#[allow(unsafe_code)]
+pub mod allocmap;
 #[allow(unsafe_code)]
 pub mod device;
 pub mod devqueue;

@@ -234,6 +234,9 @@ impl PseudoDevice {
         data: &[u8],
         epoch: u64,
     ) -> std::io::Result<()> {
+        // Before the data can reach a device under any scheme: the track
+        // may hold data from now on (BLOCK_STATUS).
+        volume.note_written(track);
         match self.scheme {
             OutputCommit::Off => volume.write_track(track, data),
             OutputCommit::Logging => {

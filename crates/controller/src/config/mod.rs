@@ -262,6 +262,15 @@ pub struct Config {
     pub scrub_interval: Duration,
     /// Modelled device latency.
     pub device_latency: LatencyConfig,
+    /// Refuse every change: writes, trims and zeroes answer `EPERM`
+    /// (NBD_FLAG_READ_ONLY is advertised).
+    pub read_only: bool,
+    /// The export's listed name (LIST, INFO); the default export `""` is
+    /// always served too.
+    pub export_name: String,
+    /// The export's description (LIST, INFO); empty: the volume's id and
+    /// size.
+    pub description: String,
     /// Faults armed at start, each as the words after `rebound inject`
     /// on the admin socket: `panic|fail|delay POINT [rate= count=
     /// duration=]` or `group-fault GROUP [rate= duration=]`.
@@ -307,6 +316,9 @@ impl Default for Config {
             commit_when_idle: true,
             scrub_interval: Duration::from_secs(60),
             device_latency: LatencyConfig::default(),
+            read_only: false,
+            export_name: "rebound".to_owned(),
+            description: String::new(),
             inject: Vec::new(),
         }
     }
@@ -425,7 +437,32 @@ impl Config {
         self.validate_threads_and_queues()?;
         self.validate_timing()?;
         self.validate_connections()?;
+        self.validate_export()?;
         self.validate_device_latency()
+    }
+
+    /// The export's name and description are NBD strings: UTF-8 without
+    /// NUL, at most 4096 bytes; the name is not empty (`""` is always
+    /// served as the default export).
+    fn validate_export(&self) -> Result<(), ConfigError> {
+        for (setting, text) in [
+            ("export_name", &self.export_name),
+            ("description", &self.description),
+        ] {
+            if text.len() > 4096 || text.contains('\0') {
+                return Err(invalid(
+                    setting,
+                    "must be at most 4096 bytes of UTF-8 without NUL characters",
+                ));
+            }
+        }
+        if self.export_name.is_empty() {
+            return Err(invalid(
+                "export_name",
+                "must not be empty (the default export \"\" is always served besides it)",
+            ));
+        }
+        Ok(())
     }
 
     /// Faults to arm at start: each parses, and is one start can arm.
@@ -671,6 +708,29 @@ mod tests {
         assert_eq!(c.device_latency.fixed_us, 100);
         assert_eq!(c.listen, Config::default().listen);
         c.validate().unwrap();
+    }
+
+    #[test]
+    fn export_name_and_description_are_nbd_strings() {
+        let c: Config =
+            toml::from_str("read_only = true\nexport_name = \"disk0\"\ndescription = \"scratch\"")
+                .unwrap();
+        assert!(c.read_only);
+        assert_eq!(c.export_name, "disk0");
+        c.validate().unwrap();
+        for (key, value) in [
+            ("export_name", String::new()),
+            ("export_name", "a\0b".to_owned()),
+            ("description", "x".repeat(4097)),
+        ] {
+            let mut c = Config::default();
+            match key {
+                "export_name" => c.export_name = value,
+                _ => c.description = value,
+            }
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains(key), "{e}");
+        }
     }
 
     #[test]

@@ -200,7 +200,24 @@ pub(super) fn receive(ctx: &mut TaskCtx<'_>, req: Box<Request>) -> Result<(), Fa
         return Ok(());
     }
     let h = req.header;
-    if let Err((e, msg)) = validate(&h, req.ctl().export.size_bytes, req.conn.structured()) {
+    let slack = if req.expanded {
+        2 * TRACK_BYTES as u32
+    } else {
+        0
+    };
+    let checked = validate(&h, &req.ctl().export, req.conn.structured(), slack)
+        .and_then(|()| check_whole_tracks(&h))
+        .and_then(|()| {
+            if h.kind == cmd::BLOCK_STATUS && !req.conn.allocation() {
+                Err((
+                    NbdError::Inval,
+                    "BLOCK_STATUS needs the base:allocation context (NBD_OPT_SET_META_CONTEXT)",
+                ))
+            } else {
+                Ok(())
+            }
+        });
+    if let Err((e, msg)) = checked {
         req.reply(Err((e, msg)));
         return Ok(());
     }
@@ -213,7 +230,9 @@ pub(super) fn receive(ctx: &mut TaskCtx<'_>, req: Box<Request>) -> Result<(), Fa
         return Ok(());
     }
     match h.kind {
-        cmd::READ => next(
+        // CACHE stages the range into the read cache like a READ; its
+        // reply carries no data.
+        cmd::READ | cmd::CACHE => next(
             ctx,
             req,
             stage!(g.cache, Priority::High, cache_read, faults::CACHE_READ),
@@ -233,24 +252,59 @@ pub(super) fn receive(ctx: &mut TaskCtx<'_>, req: Box<Request>) -> Result<(), Fa
             req,
             stage!(g.device, Priority::Medium, zero, faults::DEVICE_ZERO),
         ),
+        cmd::BLOCK_STATUS => next(
+            ctx,
+            req,
+            stage!(
+                g.cache,
+                Priority::High,
+                crate::engine::blockstatus::block_status,
+                faults::CACHE_STATUS
+            ),
+        ),
         _ => unreachable!("validate refuses other commands"),
     }
     Ok(())
 }
 
-/// Check a request against the protocol and the export.
+/// Whether `h` is a READ, WRITE, TRIM, WRITE_ZEROES or CACHE whose
+/// offset and length are whole tracks (the only kind the stages take; the
+/// host layer turns the others into whole-track requests).
+pub(crate) fn whole_tracks(h: &RequestHeader) -> bool {
+    let track = TRACK_BYTES as u64;
+    !matches!(
+        h.kind,
+        cmd::READ | cmd::WRITE | cmd::TRIM | cmd::WRITE_ZEROES | cmd::CACHE
+    ) || (h.offset.is_multiple_of(track) && u64::from(h.length).is_multiple_of(track))
+}
+
+fn check_whole_tracks(h: &RequestHeader) -> Result<(), (NbdError, &'static str)> {
+    if whole_tracks(h) {
+        Ok(())
+    } else {
+        Err((
+            NbdError::Inval,
+            "a partial-track request reached the stages (the host layer expands them)",
+        ))
+    }
+}
+
+/// Check a request against the protocol and the export, at any alignment
+/// (requests need not cover whole tracks: see [`crate::host::partial`]).
+/// `slack`: bytes a READ may exceed the maximum payload by (a partial read
+/// expanded to whole tracks).
 pub(crate) fn validate(
     h: &RequestHeader,
-    size: u64,
+    export: &crate::nbd::handshake::ExportInfo,
     structured: bool,
+    slack: u32,
 ) -> Result<(), (NbdError, &'static str)> {
     let allowed = match h.kind {
         cmd::READ if structured => cflags::FUA | cflags::DF,
         cmd::READ | cmd::WRITE | cmd::TRIM | cmd::FLUSH => cflags::FUA,
-        cmd::WRITE_ZEROES => cflags::FUA | cflags::NO_HOLE,
-        cmd::CACHE | cmd::BLOCK_STATUS => {
-            return Err((NbdError::Inval, "command not supported by this server"));
-        }
+        cmd::WRITE_ZEROES => cflags::FUA | cflags::NO_HOLE | cflags::FAST_ZERO,
+        cmd::CACHE => 0,
+        cmd::BLOCK_STATUS => cflags::REQ_ONE,
         _ => return Err((NbdError::Inval, "unknown command")),
     };
     if h.flags & !allowed != 0 {
@@ -263,17 +317,19 @@ pub(crate) fn validate(
             Err((NbdError::Inval, "FLUSH needs offset and length 0"))
         };
     }
-    let track = TRACK_BYTES as u64;
-    if !h.offset.is_multiple_of(track) || u64::from(h.length) % track != 0 {
+    if export.read_only && matches!(h.kind, cmd::WRITE | cmd::TRIM | cmd::WRITE_ZEROES) {
+        return Err((NbdError::Perm, "the export is read-only"));
+    }
+    if h.kind == cmd::BLOCK_STATUS && (!structured || h.length == 0) {
         return Err((
             NbdError::Inval,
-            "offset and length must be multiples of 4096",
+            "BLOCK_STATUS needs structured replies and a length",
         ));
     }
     let past_end = h
         .offset
         .checked_add(u64::from(h.length))
-        .is_none_or(|end| end > size);
+        .is_none_or(|end| end > export.size_bytes);
     if past_end {
         return Err(if h.kind == cmd::WRITE {
             (NbdError::NoSpc, "write past the end of the export")
@@ -281,7 +337,7 @@ pub(crate) fn validate(
             (NbdError::Inval, "request past the end of the export")
         });
     }
-    if h.kind == cmd::READ && h.length > MAX_PAYLOAD_BYTES {
+    if h.kind == cmd::READ && h.length > MAX_PAYLOAD_BYTES.saturating_add(slack) {
         return Err((NbdError::Overflow, "read larger than the maximum payload"));
     }
     Ok(())
@@ -923,73 +979,85 @@ mod tests {
         }
     }
 
+    fn export(size: u64, read_only: bool) -> crate::nbd::handshake::ExportInfo {
+        crate::nbd::handshake::ExportInfo {
+            name: "rebound".into(),
+            description: String::new(),
+            size_bytes: size,
+            min_block_bytes: 1,
+            preferred_block_bytes: 4096,
+            max_payload_bytes: MAX_PAYLOAD_BYTES,
+            read_only,
+        }
+    }
+
     #[test]
-    fn validation_refuses_bad_ranges_flags_alignment_and_commands() {
+    fn validation_refuses_bad_ranges_flags_and_commands_at_any_alignment() {
         let size = 1 << 20;
-        assert!(validate(&h(cmd::READ, 0, 0, 4096), size, false).is_ok());
-        assert!(validate(&h(cmd::WRITE, cflags::FUA, size - 4096, 4096), size, false).is_ok());
+        let ex = export(size, false);
+        let v = |h: RequestHeader, structured: bool| validate(&h, &ex, structured, 0);
         let e = |r: Result<(), (NbdError, &str)>| r.unwrap_err().0;
+        assert!(v(h(cmd::READ, 0, 0, 4096), false).is_ok());
+        assert!(v(h(cmd::WRITE, cflags::FUA, size - 4096, 4096), false).is_ok());
+        // Any byte offset and length inside the export is valid.
+        assert!(v(h(cmd::READ, 0, 512, 4096), false).is_ok());
+        assert!(v(h(cmd::WRITE, 0, 1, 100), false).is_ok());
+        assert!(!whole_tracks(&h(cmd::WRITE, 0, 1, 100)));
+        assert!(whole_tracks(&h(cmd::WRITE, 0, 8192, 4096)));
+        assert!(whole_tracks(&h(cmd::BLOCK_STATUS, 0, 7, 3)));
+        assert_eq!(e(v(h(cmd::WRITE, 0, size, 4096), false)), NbdError::NoSpc);
+        assert_eq!(e(v(h(cmd::READ, 0, size, 4096), false)), NbdError::Inval);
+        assert_eq!(e(v(h(cmd::READ, 0, size - 1, 2), false)), NbdError::Inval);
         assert_eq!(
-            e(validate(&h(cmd::WRITE, 0, size, 4096), size, false)),
+            e(v(h(cmd::READ, 0, u64::MAX - 4095, 4096), false)),
+            NbdError::Inval
+        );
+        assert_eq!(
+            e(v(h(cmd::WRITE, 0, u64::MAX - 4095, 8192), false)),
             NbdError::NoSpc
         );
         assert_eq!(
-            e(validate(&h(cmd::READ, 0, size, 4096), size, false)),
+            e(v(h(cmd::READ, cflags::DF, 0, 4096), false)),
+            NbdError::Inval
+        );
+        assert!(v(h(cmd::READ, cflags::DF, 0, 4096), true).is_ok());
+        assert!(v(h(cmd::WRITE_ZEROES, cflags::FAST_ZERO, 0, 4096), false).is_ok());
+        assert_eq!(
+            e(v(h(cmd::WRITE, cflags::FAST_ZERO, 0, 4096), false)),
+            NbdError::Inval
+        );
+        assert_eq!(e(v(h(cmd::FLUSH, 0, 4096, 0), false)), NbdError::Inval);
+        assert_eq!(e(v(h(42, 0, 0, 0), false)), NbdError::Inval);
+        assert!(v(h(cmd::CACHE, 0, 0, 4096), false).is_ok());
+        assert_eq!(
+            e(v(h(cmd::CACHE, cflags::FUA, 0, 4096), false)),
             NbdError::Inval
         );
         assert_eq!(
-            e(validate(
-                &h(cmd::READ, 0, u64::MAX - 4095, 4096),
-                size,
-                false
-            )),
+            e(v(h(cmd::BLOCK_STATUS, 0, 0, 4096), false)),
             NbdError::Inval
         );
-        assert_eq!(
-            e(validate(
-                &h(cmd::WRITE, 0, u64::MAX - 4095, 8192),
-                size,
-                false
-            )),
-            NbdError::NoSpc
+        assert!(v(h(cmd::BLOCK_STATUS, cflags::REQ_ONE, 0, 4096), true).is_ok());
+        assert_eq!(e(v(h(cmd::BLOCK_STATUS, 0, 0, 0), true)), NbdError::Inval);
+        let big = export(1 << 40, false);
+        let over = h(cmd::READ, 0, 0, MAX_PAYLOAD_BYTES + 4096);
+        assert_eq!(e(validate(&over, &big, false, 0)), NbdError::Overflow);
+        assert!(
+            validate(&over, &big, false, 8192).is_ok(),
+            "an expanded read"
         );
-        assert_eq!(
-            e(validate(&h(cmd::READ, 0, 512, 4096), size, false)),
-            NbdError::Inval
-        );
-        assert_eq!(
-            e(validate(&h(cmd::READ, 0, 0, 100), size, false)),
-            NbdError::Inval
-        );
-        assert_eq!(
-            e(validate(&h(cmd::READ, cflags::DF, 0, 4096), size, false)),
-            NbdError::Inval
-        );
-        assert!(validate(&h(cmd::READ, cflags::DF, 0, 4096), size, true).is_ok());
-        assert_eq!(
-            e(validate(
-                &h(cmd::WRITE_ZEROES, cflags::FAST_ZERO, 0, 4096),
-                size,
-                false
-            )),
-            NbdError::Inval
-        );
-        assert_eq!(
-            e(validate(&h(cmd::FLUSH, 0, 4096, 0), size, false)),
-            NbdError::Inval
-        );
-        assert_eq!(e(validate(&h(42, 0, 0, 0), size, false)), NbdError::Inval);
-        assert_eq!(
-            e(validate(&h(cmd::BLOCK_STATUS, 0, 0, 4096), size, false)),
-            NbdError::Inval
-        );
-        assert_eq!(
-            e(validate(
-                &h(cmd::READ, 0, 0, MAX_PAYLOAD_BYTES + 4096),
-                1 << 40,
-                false
-            )),
-            NbdError::Overflow
-        );
+    }
+
+    #[test]
+    fn a_read_only_export_refuses_every_change_with_eperm() {
+        let ex = export(1 << 20, true);
+        for kind in [cmd::WRITE, cmd::TRIM, cmd::WRITE_ZEROES] {
+            assert_eq!(
+                validate(&h(kind, 0, 0, 4096), &ex, true, 0).unwrap_err().0,
+                NbdError::Perm
+            );
+        }
+        assert!(validate(&h(cmd::READ, 0, 0, 4096), &ex, true, 0).is_ok());
+        assert!(validate(&h(cmd::FLUSH, 0, 0, 0), &ex, true, 0).is_ok());
     }
 }

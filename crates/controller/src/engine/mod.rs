@@ -21,6 +21,8 @@
 //! | [`datapath`] | the I/O path as tasks, stage by stage |
 //! | [`request`] | a request in flight; its clean-up block decides rung 1 redrives |
 //! | [`ctlblock`] | request control blocks: a bounded pool, leaked blocks reclaimed by audit |
+//! | [`tracklock`] | track locks: a partial-track write's read-modify-write against every other change of the track |
+//! | [`blockstatus`] | BLOCK_STATUS: which tracks hold data (`base:allocation`) |
 //! | [`destage`] | destage of dirty tracks, FLUSH and FUA; lost tracks |
 //! | [`scrub`] | background check of the dirty NVS records |
 //! | [`epoch`] | rung 3: epochs, checkpoints, output commit, rollback |
@@ -28,6 +30,7 @@
 //! | [`inject`] | arming a [`Fault`](crate::faults::Fault) on a running engine |
 
 pub mod admission;
+pub mod blockstatus;
 pub mod ctlblock;
 pub mod datapath;
 pub mod destage;
@@ -38,6 +41,7 @@ pub mod request;
 pub mod scrub;
 pub mod state;
 pub mod system;
+pub mod tracklock;
 
 pub use reply::ReplySink;
 pub use state::{Engine, Groups};

@@ -30,6 +30,12 @@ pub trait ReplySink: Send + Sync + std::fmt::Debug {
     /// A request of this client is finished (replied to, or abandoned).
     fn finish_request(&self);
 
+    /// Whether the client selected the `base:allocation` metadata context
+    /// (BLOCK_STATUS answers only then).
+    fn allocation(&self) -> bool {
+        false
+    }
+
     /// Take the sender's role if no one has it, so replies queued until
     /// [`ReplySink::uncork`] leave together (an epoch's commit releases
     /// many). Returns whether the role was taken; only then call `uncork`.

@@ -103,6 +103,14 @@ pub(crate) struct Request {
     /// Passed validation: under output commit its reply waits in the
     /// output gate for its epoch to commit (rung 3).
     pub(super) gated: bool,
+    /// The host layer expanded a partial-track request to whole tracks
+    /// ([`crate::host::partial`]): a READ may exceed the maximum payload by
+    /// up to two tracks.
+    pub(crate) expanded: bool,
+    /// The track locks a change holds until the request is finished
+    /// ([`crate::engine::tracklock`]); moves with the request through
+    /// redrives, parking and rollback.
+    pub(crate) track_lock: Option<crate::engine::tracklock::TrackLockGuard>,
 }
 
 /// What the clean-up block of a failed request does.
@@ -160,6 +168,8 @@ impl Request {
             alive: Some(Arc::new(())),
             corrupt_state: false,
             gated: false,
+            expanded: false,
+            track_lock: None,
         }
     }
 
@@ -184,7 +194,9 @@ impl Request {
             Some(at)
         } else {
             match self.header.kind {
-                cmd::READ => Some(stage!(
+                // BLOCK_STATUS changes nothing: its stage runs again.
+                cmd::BLOCK_STATUS => Some(at),
+                cmd::READ | cmd::CACHE => Some(stage!(
                     g.cache,
                     Priority::High,
                     cache_read,
@@ -259,6 +271,8 @@ impl Request {
             alive: self.alive.take(),
             corrupt_state: false,
             gated: self.gated,
+            expanded: self.expanded,
+            track_lock: self.track_lock.take(),
         })
     }
 
@@ -334,7 +348,9 @@ impl Request {
         let from_start = at.name == "host.receive";
         let resume = match self.header.kind {
             _ if from_start => at,
-            cmd::READ => stage!(g.cache, Priority::High, cache_read, faults::CACHE_READ),
+            cmd::READ | cmd::CACHE => {
+                stage!(g.cache, Priority::High, cache_read, faults::CACHE_READ)
+            }
             cmd::WRITE if self.slot_state != SlotState::Applied => {
                 stage!(g.nvs, Priority::High, nvs_write, faults::NVS_WRITE)
             }
@@ -374,7 +390,9 @@ impl Request {
         }
         let g = self.ctl().groups;
         let from = match self.header.kind {
-            cmd::READ => stage!(g.cache, Priority::High, cache_read, faults::CACHE_READ),
+            cmd::READ | cmd::CACHE => {
+                stage!(g.cache, Priority::High, cache_read, faults::CACHE_READ)
+            }
             cmd::WRITE => {
                 debug_assert_eq!(
                     self.payload.len(),

@@ -73,6 +73,8 @@ pub struct Engine {
     pub(crate) epochs: crate::engine::epoch::Epochs,
     /// Shut down: the checkpoint thread stops.
     pub(crate) closed: AtomicBool,
+    /// Track locks of partial-track writes ([`crate::engine::tracklock`]).
+    pub(crate) track_locks: Arc<crate::engine::tracklock::TrackLocks>,
 }
 
 impl std::fmt::Debug for Engine {

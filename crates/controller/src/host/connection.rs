@@ -36,8 +36,8 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::controller::Controller;
+use crate::engine::ReplySink;
 use crate::engine::request::Request;
-use crate::engine::{ReplySink, admission};
 use crate::limits::{
     CONNECTION_READ_BUFFER_BYTES, DISCARD_PAYLOAD_MAX, HANDSHAKE_TIMEOUT_SECS,
     INFLIGHT_PER_CONNECTION_MAX, MAX_PAYLOAD_BYTES, TRACK_BYTES,
@@ -61,6 +61,8 @@ struct Outbox {
 pub struct Connection {
     pub(crate) ctl: Arc<Controller>,
     pub(crate) structured: bool,
+    /// The client selected `base:allocation` (BLOCK_STATUS answers).
+    pub(crate) allocation: bool,
     out: TcpStream,
     outbox: Mutex<Outbox>,
     inflight: AtomicU32,
@@ -75,6 +77,7 @@ impl Connection {
         Arc::new(Self {
             ctl,
             structured,
+            allocation: structured,
             out,
             outbox: Mutex::new(Outbox::default()),
             inflight: AtomicU32::new(0),
@@ -102,6 +105,16 @@ impl ReplySink for Connection {
     fn send_reply(&self, h: &RequestHeader, result: Result<(), (NbdError, &str)>, data: Vec<u8>) {
         let mut head = Vec::with_capacity(32);
         let body = match (h.kind == cmd::READ && self.structured, result) {
+            (false, Ok(())) if h.kind == cmd::BLOCK_STATUS && self.structured => {
+                proto::put_chunk_header(
+                    &mut head,
+                    h.cookie,
+                    chunk::FLAG_DONE,
+                    chunk::BLOCK_STATUS,
+                    data.len() as u32,
+                );
+                data
+            }
             (true, Ok(())) => {
                 proto::put_chunk_header(
                     &mut head,
@@ -155,6 +168,10 @@ impl ReplySink for Connection {
     /// A request of this connection is finished.
     fn finish_request(&self) {
         self.inflight.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    fn allocation(&self) -> bool {
+        self.allocation
     }
 }
 
@@ -244,6 +261,7 @@ pub fn serve(ctl: Arc<Controller>, stream: TcpStream, id: u64) {
     let conn = Arc::new(Connection {
         ctl,
         structured: negotiated.structured,
+        allocation: negotiated.allocation,
         out,
         outbox: Mutex::new(Outbox::default()),
         inflight: AtomicU32::new(0),
@@ -333,7 +351,13 @@ fn read_loop(conn: &Arc<Connection>, input: &Mutex<Input<'_>>) -> Result<(), Vio
                 Err(v) => return Err(v),
             }
         };
-        admission::admit(ctl.engine(), req, slots, affiliate.as_mut());
+        crate::host::partial::admit(
+            ctl.engine(),
+            conn.structured,
+            req,
+            slots,
+            affiliate.as_mut(),
+        );
     }
 }
 

@@ -12,6 +12,8 @@
 //! |---|---|
 //! | [`listener`] | accepting clients, bounded by `--max-connections` |
 //! | [`connection`] | one connection: handshake, framing, admission, the reply outbox |
+//! | [`partial`] | requests at any byte alignment turned into whole-track ones (read-modify-write) |
 
 pub mod connection;
 pub mod listener;
+pub mod partial;

@@ -1,7 +1,21 @@
 //! The fixed newstyle handshake (proto.md "Fixed newstyle negotiation",
-//! "Option types"): options EXPORT_NAME, ABORT, LIST, INFO, GO and
-//! STRUCTURED_REPLY; STARTTLS and metadata contexts are answered
+//! "Option types"): options EXPORT_NAME, ABORT, LIST, INFO, GO,
+//! STRUCTURED_REPLY, and LIST_META_CONTEXT / SET_META_CONTEXT with the one
+//! context `base:allocation` (for BLOCK_STATUS); STARTTLS is answered
 //! `NBD_REP_ERR_UNSUP`, like any unknown option.
+//!
+//! The export is served under the name `""` (the default export) and under
+//! its listed name (`--export-name`, default `rebound`), which LIST
+//! returns with its description.
+//!
+//! Metadata context requests (LIST_META_CONTEXT, SET_META_CONTEXT):
+//! ```text
+//!   u32 export name length, export name, u32 query count,
+//!   per query: u32 length, query (e.g. "base:allocation" or "base:")
+//! ```
+//! each matching context is answered `NBD_REP_META_CONTEXT` (u32 id, 0 for
+//! LIST; name), then `NBD_REP_ACK`. SET replaces the previous selection,
+//! and needs structured replies negotiated first.
 //!
 //! Bad input never crashes the server: a wrong magic, unknown client flags,
 //! an option over [`OPTION_DATA_MAX`] bytes or more than [`OPTIONS_MAX`]
@@ -13,8 +27,9 @@
 use std::io::{self, Read, Write};
 
 use super::proto::{
-    FLAG_C_FIXED_NEWSTYLE, FLAG_C_NO_ZEROES, FLAG_FIXED_NEWSTYLE, FLAG_NO_ZEROES, IHAVEOPT,
-    NBDMAGIC, OPTION_REPLY_MAGIC, info, opt, rep, tflags,
+    BASE_ALLOCATION, BASE_ALLOCATION_ID, FLAG_C_FIXED_NEWSTYLE, FLAG_C_NO_ZEROES,
+    FLAG_FIXED_NEWSTYLE, FLAG_NO_ZEROES, IHAVEOPT, NBDMAGIC, OPTION_REPLY_MAGIC, info, opt, rep,
+    tflags,
 };
 
 /// Largest option payload accepted (NBD strings are at most 4 KiB).
@@ -37,6 +52,8 @@ pub struct ExportInfo {
     pub preferred_block_bytes: u32,
     /// Largest READ or WRITE payload.
     pub max_payload_bytes: u32,
+    /// Writes, trims and zeroes are refused (`EPERM`).
+    pub read_only: bool,
 }
 
 impl ExportInfo {
@@ -52,9 +69,14 @@ impl ExportInfo {
             | tflags::SEND_FUA
             | tflags::SEND_TRIM
             | tflags::SEND_WRITE_ZEROES
-            | tflags::CAN_MULTI_CONN;
+            | tflags::CAN_MULTI_CONN
+            | tflags::SEND_CACHE
+            | tflags::SEND_FAST_ZERO;
         if structured {
             flags |= tflags::SEND_DF;
+        }
+        if self.read_only {
+            flags |= tflags::READ_ONLY;
         }
         flags
     }
@@ -65,6 +87,8 @@ impl ExportInfo {
 pub struct Negotiated {
     /// Structured replies were negotiated.
     pub structured: bool,
+    /// The `base:allocation` context was selected: BLOCK_STATUS answers.
+    pub allocation: bool,
 }
 
 /// How negotiation ended.
@@ -147,6 +171,7 @@ pub fn negotiate<S: Read + Write>(
     }
     let no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
     let mut structured = false;
+    let mut allocation = false;
     for _ in 0..OPTIONS_MAX {
         let magic = read_u64(s)?;
         if magic != IHAVEOPT {
@@ -160,7 +185,13 @@ pub fn negotiate<S: Read + Write>(
         let mut data = vec![0u8; length as usize];
         s.read_exact(&mut data)?;
         let step = match option {
-            opt::EXPORT_NAME => return export_name(s, export, &data, no_zeroes, structured),
+            opt::EXPORT_NAME => {
+                let negotiated = Negotiated {
+                    structured,
+                    allocation: allocation && structured,
+                };
+                return export_name(s, export, &data, no_zeroes, negotiated);
+            }
             opt::ABORT => {
                 // The client may already be gone; a failed ACK is fine.
                 let _ = reply(s, option, rep::ACK, &[]);
@@ -182,6 +213,9 @@ pub fn negotiate<S: Read + Write>(
                 }
                 Step::Continue
             }
+            opt::LIST_META_CONTEXT | opt::SET_META_CONTEXT => {
+                meta_context(s, export, option, &data, structured, &mut allocation)?
+            }
             opt::STARTTLS => {
                 error_reply(s, option, rep::ERR_UNSUP, "TLS is not supported")?;
                 Step::Continue
@@ -193,7 +227,10 @@ pub fn negotiate<S: Read + Write>(
         };
         s.flush()?;
         if let Step::Go = step {
-            return Ok(Outcome::Transmission(Negotiated { structured }));
+            return Ok(Outcome::Transmission(Negotiated {
+                structured,
+                allocation: allocation && structured,
+            }));
         }
     }
     Err(HandshakeError::TooManyOptions)
@@ -209,7 +246,7 @@ fn export_name<S: Write>(
     export: &ExportInfo,
     name: &[u8],
     no_zeroes: bool,
-    structured: bool,
+    negotiated: Negotiated,
 ) -> Result<Outcome, HandshakeError> {
     if !export.matches(name) {
         return Err(HandshakeError::UnknownExport(
@@ -218,13 +255,87 @@ fn export_name<S: Write>(
     }
     let mut out = Vec::with_capacity(134);
     out.extend_from_slice(&export.size_bytes.to_be_bytes());
-    out.extend_from_slice(&export.transmission_flags(structured).to_be_bytes());
+    out.extend_from_slice(
+        &export
+            .transmission_flags(negotiated.structured)
+            .to_be_bytes(),
+    );
     if !no_zeroes {
         out.extend_from_slice(&[0u8; 124]);
     }
     s.write_all(&out)?;
     s.flush()?;
-    Ok(Outcome::Transmission(Negotiated { structured }))
+    Ok(Outcome::Transmission(negotiated))
+}
+
+/// Parse LIST/SET_META_CONTEXT data: the export name and the queries.
+fn parse_meta_request(data: &[u8]) -> Option<(&[u8], Vec<&[u8]>)> {
+    let be32 = |b: &[u8], at: usize| -> Option<usize> {
+        Some(u32::from_be_bytes(b.get(at..at.checked_add(4)?)?.try_into().ok()?) as usize)
+    };
+    let name_len = be32(data, 0)?;
+    let name = data.get(4..4usize.checked_add(name_len)?)?;
+    let mut at = 4 + name_len;
+    let count = be32(data, at)?;
+    at += 4;
+    let mut queries = Vec::new();
+    for _ in 0..count {
+        let len = be32(data, at)?;
+        queries.push(data.get(at + 4..(at + 4).checked_add(len)?)?);
+        at += 4 + len;
+    }
+    (at == data.len()).then_some((name, queries))
+}
+
+/// LIST_META_CONTEXT and SET_META_CONTEXT: `base:allocation` is the one
+/// context; SET records whether it is selected in `allocation`.
+fn meta_context<S: Write>(
+    s: &mut S,
+    export: &ExportInfo,
+    option: u32,
+    data: &[u8],
+    structured: bool,
+    allocation: &mut bool,
+) -> io::Result<Step> {
+    let Some((name, queries)) = parse_meta_request(data) else {
+        error_reply(
+            s,
+            option,
+            rep::ERR_INVALID,
+            "malformed metadata context request",
+        )?;
+        return Ok(Step::Continue);
+    };
+    if !export.matches(name) {
+        let msg = format!("unknown export {:?}", String::from_utf8_lossy(name));
+        error_reply(s, option, rep::ERR_UNKNOWN, &msg)?;
+        return Ok(Step::Continue);
+    }
+    let set = option == opt::SET_META_CONTEXT;
+    if set && !structured {
+        let msg = "SET_META_CONTEXT needs structured replies (NBD_OPT_STRUCTURED_REPLY) first";
+        error_reply(s, option, rep::ERR_INVALID, msg)?;
+        return Ok(Step::Continue);
+    }
+    let wanted = if queries.is_empty() {
+        // LIST with no query lists every context; SET with none selects none.
+        !set
+    } else {
+        queries
+            .iter()
+            .any(|q| *q == BASE_ALLOCATION.as_bytes() || *q == b"base:")
+    };
+    if set {
+        *allocation = wanted;
+    }
+    if wanted {
+        let id = if set { BASE_ALLOCATION_ID } else { 0 };
+        let mut payload = id.to_be_bytes().to_vec();
+        payload.extend_from_slice(BASE_ALLOCATION.as_bytes());
+        reply(s, option, rep::META_CONTEXT, &payload)?;
+    }
+    reply(s, option, rep::ACK, &[])?;
+    Ok(Step::Continue)
 }
 
 fn list<S: Write>(s: &mut S, export: &ExportInfo, data: &[u8]) -> Step {
@@ -353,6 +464,7 @@ mod tests {
             min_block_bytes: 4096,
             preferred_block_bytes: 4096,
             max_payload_bytes: 1 << 25,
+            read_only: false,
         }
     }
 
@@ -414,7 +526,10 @@ mod tests {
         );
         assert_eq!(
             r.unwrap(),
-            Outcome::Transmission(Negotiated { structured: true })
+            Outcome::Transmission(Negotiated {
+                structured: true,
+                allocation: false
+            })
         );
         let reps = replies(&out);
         assert_eq!(reps[0], (opt::STRUCTURED_REPLY, rep::ACK, vec![]));
@@ -492,7 +607,7 @@ mod tests {
         let kinds: Vec<u32> = replies(&out).iter().map(|r| r.1).collect();
         assert_eq!(
             kinds,
-            [rep::ERR_UNSUP, rep::ERR_UNSUP, rep::ERR_UNSUP, rep::ACK]
+            [rep::ERR_UNSUP, rep::ERR_UNSUP, rep::ERR_INVALID, rep::ACK]
         );
     }
 
@@ -550,5 +665,100 @@ mod tests {
         cut.truncate(20);
         let (r, _) = run(FLAG_C_FIXED_NEWSTYLE, &[cut]);
         assert!(matches!(r, Err(HandshakeError::Io(_))));
+    }
+
+    fn meta(name: &str, queries: &[&str]) -> Vec<u8> {
+        let mut d = (name.len() as u32).to_be_bytes().to_vec();
+        d.extend_from_slice(name.as_bytes());
+        d.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+        for q in queries {
+            d.extend_from_slice(&(q.len() as u32).to_be_bytes());
+            d.extend_from_slice(q.as_bytes());
+        }
+        d
+    }
+
+    #[test]
+    fn set_meta_context_selects_base_allocation_after_structured_replies() {
+        let (r, out) = run(
+            FLAG_C_FIXED_NEWSTYLE,
+            &[
+                option(opt::STRUCTURED_REPLY, &[]),
+                option(opt::LIST_META_CONTEXT, &meta("", &[])),
+                option(
+                    opt::SET_META_CONTEXT,
+                    &meta("rebound", &["qemu:dirty-bitmap:x", "base:allocation"]),
+                ),
+                option(opt::GO, &go("", &[])),
+            ],
+        );
+        assert_eq!(
+            r.unwrap(),
+            Outcome::Transmission(Negotiated {
+                structured: true,
+                allocation: true
+            })
+        );
+        let reps = replies(&out);
+        let listed = [&0u32.to_be_bytes()[..], BASE_ALLOCATION.as_bytes()].concat();
+        assert_eq!(reps[1], (opt::LIST_META_CONTEXT, rep::META_CONTEXT, listed));
+        assert_eq!(reps[2].1, rep::ACK);
+        let selected = [
+            &BASE_ALLOCATION_ID.to_be_bytes()[..],
+            BASE_ALLOCATION.as_bytes(),
+        ]
+        .concat();
+        assert_eq!(
+            reps[3],
+            (opt::SET_META_CONTEXT, rep::META_CONTEXT, selected)
+        );
+        assert_eq!(reps[4].1, rep::ACK);
+    }
+
+    #[test]
+    fn meta_contexts_refuse_unstructured_unknown_exports_and_bad_data() {
+        let (r, out) = run(
+            FLAG_C_FIXED_NEWSTYLE,
+            &[
+                option(opt::SET_META_CONTEXT, &meta("", &["base:allocation"])),
+                option(opt::LIST_META_CONTEXT, &meta("nope", &[])),
+                option(opt::LIST_META_CONTEXT, &meta("", &["other:thing"])),
+                option(opt::GO, &go("", &[])),
+            ],
+        );
+        assert_eq!(
+            r.unwrap(),
+            Outcome::Transmission(Negotiated {
+                structured: false,
+                allocation: false
+            })
+        );
+        let kinds: Vec<u32> = replies(&out).iter().map(|r| r.1).collect();
+        // SET before structured replies: invalid; unknown export; a query
+        // matching nothing is just an ACK.
+        assert_eq!(
+            &kinds[..4],
+            [rep::ERR_INVALID, rep::ERR_UNKNOWN, rep::ACK, rep::INFO]
+        );
+        let mut bad = meta("", &["base:allocation"]);
+        bad.push(0);
+        let (_, out) = run(
+            FLAG_C_FIXED_NEWSTYLE,
+            &[
+                option(opt::LIST_META_CONTEXT, &bad),
+                option(opt::ABORT, &[]),
+            ],
+        );
+        assert_eq!(replies(&out)[0].1, rep::ERR_INVALID);
+    }
+
+    #[test]
+    fn a_read_only_export_says_so_in_its_transmission_flags() {
+        let mut e = export();
+        assert_eq!(e.transmission_flags(false) & tflags::READ_ONLY, 0);
+        e.read_only = true;
+        assert_ne!(e.transmission_flags(false) & tflags::READ_ONLY, 0);
+        assert_ne!(e.transmission_flags(true) & tflags::SEND_FAST_ZERO, 0);
+        assert_ne!(e.transmission_flags(true) & tflags::SEND_CACHE, 0);
     }
 }

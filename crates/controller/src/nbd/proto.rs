@@ -17,6 +17,9 @@
 //!   8  u64 cookie                 16  u32 payload length
 //!   OFFSET_DATA payload: u64 offset, data
 //!   ERROR payload:       u32 error, u16 message length, message
+//!   BLOCK_STATUS payload: u32 metadata context id, then per extent
+//!                         u32 length, u32 status flags (base:allocation:
+//!                         bit 0 HOLE, bit 1 ZERO)
 //!
 //! Option request (handshake), 16 bytes + data:
 //!   0  u64 magic "IHAVEOPT"        8  u32 option          12  u32 data length
@@ -51,6 +54,8 @@ pub const FLAG_C_NO_ZEROES: u32 = 1 << 1;
 pub mod tflags {
     /// Always set.
     pub const HAS_FLAGS: u16 = 1 << 0;
+    /// The export is read-only: writes, trims and zeroes answer `EPERM`.
+    pub const READ_ONLY: u16 = 1 << 1;
     /// FLUSH supported.
     pub const SEND_FLUSH: u16 = 1 << 2;
     /// FUA supported.
@@ -63,6 +68,10 @@ pub mod tflags {
     pub const SEND_DF: u16 = 1 << 7;
     /// One cache shared by every connection: flushes are visible to all.
     pub const CAN_MULTI_CONN: u16 = 1 << 8;
+    /// NBD_CMD_CACHE supported.
+    pub const SEND_CACHE: u16 = 1 << 10;
+    /// The FAST_ZERO flag of WRITE_ZEROES supported.
+    pub const SEND_FAST_ZERO: u16 = 1 << 11;
 }
 
 /// Option codes.
@@ -81,9 +90,9 @@ pub mod opt {
     pub const GO: u32 = 7;
     /// Use structured replies.
     pub const STRUCTURED_REPLY: u32 = 8;
-    /// List metadata contexts (not supported).
+    /// List metadata contexts (`base:allocation` is the one offered).
     pub const LIST_META_CONTEXT: u32 = 9;
-    /// Select metadata contexts (not supported).
+    /// Select metadata contexts for BLOCK_STATUS.
     pub const SET_META_CONTEXT: u32 = 10;
 }
 
@@ -95,6 +104,8 @@ pub mod rep {
     pub const SERVER: u32 = 2;
     /// An information item (INFO, GO).
     pub const INFO: u32 = 3;
+    /// A metadata context (LIST_META_CONTEXT, SET_META_CONTEXT).
+    pub const META_CONTEXT: u32 = 4;
     /// Option not supported.
     pub const ERR_UNSUP: u32 = (1 << 31) + 1;
     /// Refused by policy.
@@ -131,11 +142,11 @@ pub mod cmd {
     pub const FLUSH: u16 = 3;
     /// Trim (discard).
     pub const TRIM: u16 = 4;
-    /// Cache (prefetch hint; not advertised).
+    /// Cache: prefetch a range into the read cache.
     pub const CACHE: u16 = 5;
     /// Write zeroes.
     pub const WRITE_ZEROES: u16 = 6;
-    /// Block status (not supported: no metadata context is offered).
+    /// Block status of a range in the selected metadata context.
     pub const BLOCK_STATUS: u16 = 7;
 }
 
@@ -159,6 +170,8 @@ pub mod chunk {
     pub const NONE: u16 = 0;
     /// Data at an offset.
     pub const OFFSET_DATA: u16 = 1;
+    /// Block status descriptors of one metadata context.
+    pub const BLOCK_STATUS: u16 = 5;
     /// An error with a message.
     pub const ERROR: u16 = (1 << 15) + 1;
     /// Flag of the final chunk.
@@ -192,6 +205,19 @@ impl NbdError {
     pub fn code(self) -> u32 {
         self as u32
     }
+}
+
+/// The one metadata context offered to BLOCK_STATUS.
+pub const BASE_ALLOCATION: &str = "base:allocation";
+/// Its id in META_CONTEXT replies and BLOCK_STATUS chunks.
+pub const BASE_ALLOCATION_ID: u32 = 1;
+
+/// `base:allocation` status flags of a BLOCK_STATUS extent.
+pub mod alloc_state {
+    /// Nothing is stored for the extent (never written, trimmed or zeroed).
+    pub const HOLE: u32 = 1 << 0;
+    /// The extent reads as zeroes.
+    pub const ZERO: u32 = 1 << 1;
 }
 
 /// Size of a request header.

@@ -334,6 +334,8 @@ struct Inner {
     zeroing: Mutex<()>,
     /// Device syncs, one at a time, shared by the callers each covers.
     syncs: crate::backend::syncgate::SyncGate,
+    /// Which tracks may hold data (BLOCK_STATUS), synced with the devices.
+    alloc: crate::backend::allocmap::AllocMap,
     /// Tests: called with (device, slot) once a slot of a replacement is
     /// written, before it counts as rebuilt.
     #[cfg(test)]
@@ -440,7 +442,7 @@ impl Volume {
             source,
         };
         std::fs::create_dir_all(dir).map_err(io)?;
-        let mut label = Self::open_or_create_label(dir, size_bytes, devices, raid)?;
+        let (mut label, created) = Self::open_or_create_label(dir, size_bytes, devices, raid)?;
         label.degraded.sort_by_key(|g| g.device);
         let layout = Layout::new(
             label.raid,
@@ -456,6 +458,9 @@ impl Volume {
             Raid::Parity => Some(PartialParityLog::open(dir, STRIPE_LOCKS + 1).map_err(io)?),
             _ => None,
         };
+        let alloc =
+            crate::backend::allocmap::AllocMap::open(dir, label.id, layout.tracks(), created)
+                .map_err(io)?;
         let v = Volume {
             inner: Arc::new(Inner {
                 dir: dir.to_owned(),
@@ -473,6 +478,7 @@ impl Volume {
                 ppl,
                 zeroing: Mutex::new(()),
                 syncs: Default::default(),
+                alloc,
                 #[cfg(test)]
                 slot_written: Mutex::new(None),
             }),
@@ -491,13 +497,14 @@ impl Volume {
     }
 
     /// The label in `dir`: read and checked against the configuration
-    /// (adopting device files lost since), or written for a new volume.
+    /// (adopting device files lost since), or written for a new volume
+    /// (then `true`).
     fn open_or_create_label(
         dir: &Path,
         size_bytes: u64,
         devices: u32,
         raid: Raid,
-    ) -> Result<Label, VolumeError> {
+    ) -> Result<(Label, bool), VolumeError> {
         let io = |source| VolumeError::Io {
             dir: dir.to_owned(),
             source,
@@ -512,7 +519,7 @@ impl Volume {
                     })?;
                 Self::check(dir, &label, size_bytes, devices, raid)?;
                 Self::adopt_missing_devices(dir, &mut label)?;
-                label
+                (label, false)
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let label = Label {
@@ -524,7 +531,7 @@ impl Volume {
                     degraded: Vec::new(),
                 };
                 write_label(dir, &label).map_err(io)?;
-                label
+                (label, true)
             }
             Err(e) => return Err(io(e)),
         };
@@ -768,7 +775,20 @@ impl Volume {
         for track in loose {
             self.write_track(track, &zeros)?;
         }
+        self.inner.alloc.clear(first, end);
         Ok(())
+    }
+
+    /// Track `track` may hold data from now on: called before a write of
+    /// it goes to the devices (by the door, the pseudo-device).
+    pub fn note_written(&self, track: u64) {
+        self.inner.alloc.set(track);
+    }
+
+    /// Whether track `track` may hold data on the devices (else it reads
+    /// as zeroes: never written, or trimmed or zeroed since).
+    pub fn may_hold_data(&self, track: u64) -> bool {
+        self.inner.alloc.may_hold_data(track)
     }
 
     /// `fdatasync` every device not lost: done once this call is covered
@@ -787,6 +807,9 @@ impl Volume {
     /// error if any device sync since then failed.
     pub fn sync_since(&self, ticket: u64) -> std::io::Result<()> {
         self.inner.syncs.sync(ticket, || {
+            // The allocation map first: a write made durable by this sync
+            // has its bit durable too.
+            self.inner.alloc.sync()?;
             self.inner.retry(|i| {
                 for (d, m) in i.members.iter().enumerate() {
                     if m.state.load(Ordering::Acquire) != LOST {
