@@ -89,7 +89,10 @@ fn nbdinfo_reports_size_block_sizes_and_capabilities() {
     let text = String::from_utf8_lossy(&out.stdout);
     for expected in [
         "\"export-size\": 134217728",
-        "\"block_size_minimum\": 4096",
+        "\"block_size_minimum\": 1",
+        "\"block_size_preferred\": 4096",
+        "\"can_cache\": true",
+        "\"can_fast_zero\": true",
         "\"block_size_maximum\": 33554432",
         "\"can_flush\": true",
         "\"can_fua\": true",
