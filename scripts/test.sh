@@ -21,6 +21,8 @@ want valgrind valgrind
 want memcached memcached
 want nc netcat-openbsd
 want jq jq
+want systemd-socket-activate systemd
+want systemd-analyze systemd
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
 if ((${#need[@]})); then
   mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)

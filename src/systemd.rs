@@ -245,6 +245,8 @@ fn report(notifier: &Notifier, ctl: &Controller, admin: &Path, stop: &AtomicBool
                 Some(why) if !was_stuck => {
                     tracing::error!(%why, "the recovery ladder looks stuck: no more watchdog pings");
                     notifier.send(&format!("STATUS=stuck: {why}"));
+                    // Say the summary again once it answers.
+                    last_status.clear();
                     was_stuck = true;
                 }
                 Some(_) => {}
