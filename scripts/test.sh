@@ -24,6 +24,8 @@ want jq jq
 want nbdsh python3-libnbd
 # libnbd's Python bindings, for the system Python the tests run.
 /usr/bin/python3 -c 'import nbd' 2>/dev/null || need+=(python3-libnbd)
+want systemd-socket-activate systemd
+want systemd-analyze systemd
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
 if ((${#need[@]})); then
   mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)

@@ -1,5 +1,7 @@
 //! `rebound status` and `rebound inject`: talk to a running server through
-//! its admin socket (protocol in `controller::admin`).
+//! its admin socket (protocol in `controller::admin`). `status` exits 0
+//! when the server is healthy, 1 when it is degraded, 2 when no server
+//! answers.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -27,10 +29,22 @@ impl AdminAddr {
 
 /// Options of `rebound status`.
 #[derive(Debug, Args)]
+#[command(
+    after_help = "Exit status: 0 healthy, 1 degraded (a device lost or rebuilding, lost tracks, a recovery in progress, the recovery box abandoned), 2 no server answers at the admin socket."
+)]
 pub struct StatusArgs {
     #[command(flatten)]
     addr: AdminAddr,
+    /// The same content as one JSON object (health, startup, groups,
+    /// recoveries by rung, recent recoveries, devices, lost tracks, NVS fill).
+    #[arg(long)]
+    json: bool,
 }
+
+/// `rebound status`'s exit code when the server is degraded.
+pub const EXIT_DEGRADED: u8 = 1;
+/// `rebound status`'s exit code when no server answers.
+pub const EXIT_UNREACHABLE: u8 = 2;
 
 /// The faults `rebound inject` can trigger (names as on the command line).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -244,12 +258,34 @@ impl InjectArgs {
     }
 }
 
-/// `rebound status`.
+/// `rebound status`: the report, and the exit code of the server's health.
 pub fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
-    let answer =
-        controller::admin::request(&args.addr.path(), "status").map_err(anyhow::Error::msg)?;
+    let request = if args.json { "status json" } else { "status" };
+    let answer = match controller::admin::request_within(
+        &args.addr.path(),
+        request,
+        std::time::Duration::from_secs(10),
+    ) {
+        Ok(answer) => answer,
+        Err(e) => {
+            // Unreachable, or an answer that is no status: no report either way.
+            eprintln!("rebound: error: {e}");
+            return Ok(ExitCode::from(EXIT_UNREACHABLE));
+        }
+    };
     print!("{answer}");
-    Ok(ExitCode::SUCCESS)
+    let healthy = if args.json {
+        let v: serde_json::Value =
+            serde_json::from_str(&answer).map_err(|e| anyhow::anyhow!("the server's JSON: {e}"))?;
+        v["health"]["state"] == "healthy"
+    } else {
+        answer.lines().any(|l| l == "health: healthy")
+    };
+    Ok(if healthy {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_DEGRADED)
+    })
 }
 
 /// `rebound inject`.

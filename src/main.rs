@@ -6,14 +6,17 @@
 //! `experiments` adds `bench` and `demo`; both are on by default, and
 //! without them the binary is the server alone.
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 mod admin_cmd;
 mod box_cmd;
+mod logging;
+mod reset_cmd;
 mod serve;
 #[cfg(feature = "smartstore")]
 mod smartstore_cmd;
 mod supervise;
+mod systemd;
 
 /// rebound: a software storage controller that recovers from its own
 /// software faults at the smallest safe scope instead of rebooting.
@@ -35,6 +38,16 @@ enum Command {
     Status(admin_cmd::StatusArgs),
     /// Inject a fault into a running server (through its admin socket).
     Inject(admin_cmd::InjectArgs),
+    /// Delete a volume (data directory files, NVS, recovery box) so the next serve starts fresh.
+    Reset(reset_cmd::ResetArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff) to stdout, e.g. `rebound man > rebound.1`.
+    Man,
     /// Run an experiment or benchmark; prints a table, full runs also write a PNG plot.
     #[cfg(feature = "experiments")]
     Bench(experiments::bench::BenchArgs),
@@ -53,10 +66,24 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    init_tracing();
     let cli = Cli::parse();
+    // `serve` sets up its own logging (--log-level, --log-format, --log-file).
+    if !matches!(cli.command, Command::Serve(_)) {
+        logging::init_default();
+    }
     let result = match cli.command {
         Command::Serve(args) => serve::run(*args),
+        Command::Reset(args) => reset_cmd::run(args),
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "rebound",
+                &mut std::io::stdout(),
+            );
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+        Command::Man => man(),
         Command::Box(args) => box_cmd::run(args),
         Command::Status(args) => admin_cmd::status(args),
         Command::Inject(args) => admin_cmd::inject(args),
@@ -80,12 +107,15 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-/// Logs go to stderr; `RUST_LOG` selects what (default: warnings).
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+/// `rebound man`: the manual page of `rebound` and its subcommands.
+fn man() -> anyhow::Result<std::process::ExitCode> {
+    let mut out = std::io::stdout().lock();
+    let cmd = Cli::command();
+    clap_mangen::Man::new(cmd.clone()).render(&mut out)?;
+    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+        let name = format!("rebound-{}", sub.get_name());
+        let sub = sub.clone().display_name(name);
+        clap_mangen::Man::new(sub).render(&mut out)?;
+    }
+    Ok(std::process::ExitCode::SUCCESS)
 }

@@ -1,4 +1,7 @@
-//! `rebound serve`: run the storage controller.
+//! `rebound serve`: run the storage controller, until SIGINT or SIGTERM;
+//! SIGHUP reopens the log file and reloads the log level. Under systemd it
+//! serves an inherited socket and reports readiness, status and a
+//! watchdog ([`crate::systemd`]).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -171,6 +174,23 @@ pub struct ServeArgs {
     /// rate=1e-4 duration=20ms".
     #[arg(long, value_name = "FAULT")]
     inject: Vec<String>,
+    /// What to log: error, warn, info (every recovery, and the listeners
+    /// at start), debug (also task panics the runtime handles) or trace;
+    /// RUST_LOG wins when set; SIGHUP reloads it from --config
+    /// [default: info].
+    #[arg(long, value_name = "LEVEL", value_parser = controller::LogLevel::NAMES.to_vec())]
+    log_level: Option<String>,
+    /// Log line format: text, or json (one object per line) [default: text].
+    #[arg(long, value_name = "FORMAT", value_parser = ["text", "json"])]
+    log_format: Option<String>,
+    /// Log to FILE instead of stderr (appended; reopened on SIGHUP, so
+    /// logrotate can rename it away).
+    #[arg(long, value_name = "FILE")]
+    log_file: Option<PathBuf>,
+    /// Print the effective configuration (defaults, then --config, then
+    /// the flags; derived paths written out) as TOML and exit.
+    #[arg(long)]
+    dump_config: bool,
 }
 
 pub(crate) fn size(s: &str) -> Result<u64, String> {
@@ -239,6 +259,16 @@ impl ServeArgs {
                 .parse()
                 .map_err(|e: String| anyhow::anyhow!("invalid setting discard: {e}"))?;
         }
+        if let Some(v) = &self.log_level {
+            c.log_level = v
+                .parse()
+                .map_err(|e: String| anyhow::anyhow!("invalid setting log_level: {e}"))?;
+        }
+        if let Some(v) = &self.log_format {
+            c.log_format = v
+                .parse()
+                .map_err(|e: String| anyhow::anyhow!("invalid setting log_format: {e}"))?;
+        }
         if let Some(v) = &self.output_commit {
             c.output_commit = controller::config::OutputCommitSetting(
                 OutputCommit::parse(v)
@@ -274,6 +304,9 @@ impl ServeArgs {
         if let Some(v) = &self.admin {
             c.admin = Some(v.clone());
         }
+        if let Some(v) = &self.log_file {
+            c.log_file = Some(v.clone());
+        }
         if let Some(v) = &self.trace_tasks {
             c.trace_tasks = Some(v.clone());
         }
@@ -305,68 +338,220 @@ impl ServeArgs {
 
 /// Run the server until SIGINT or SIGTERM, then shut down cleanly.
 pub fn run(args: ServeArgs) -> anyhow::Result<std::process::ExitCode> {
-    let config = args.config()?;
+    let mut config = args.config()?;
+    if args.dump_config {
+        let text = config.effective().to_toml().map_err(anyhow::Error::msg)?;
+        print!("{text}");
+        return Ok(std::process::ExitCode::SUCCESS);
+    }
+    // Before any thread starts: it clears the environment variables.
+    let inherited = if args.supervise {
+        None
+    } else {
+        crate::systemd::take_listener()?
+    };
+    let logging = crate::logging::Logging::init(&config)?;
     if args.supervise {
         return crate::supervise::run(&config);
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(signal, Arc::clone(&stop))
-            .context("installing signal handlers")?;
+    if let Some(l) = &inherited {
+        config.listen = l.local_addr().context("the inherited socket's address")?;
     }
-    let ctl = Controller::open(config.clone()).context("starting the controller")?;
-    let metrics = match config.metrics {
-        Some(addr) => Some(
-            controller::http::MetricsServer::start(addr, &ctl)
-                .with_context(|| format!("serving metrics on {addr}"))?,
-        ),
+    let signals = Signals::install()?;
+    let notifier = crate::systemd::Notifier::from_env()?.map(Arc::new);
+    let running = Running::start(&config, inherited)?;
+    running.banner(&config);
+    let reporter = match &notifier {
+        Some(n) => {
+            n.send(&format!(
+                "READY=1\nSTATUS=serving; {}",
+                controller::control::health::startup_kind(&running.ctl)
+            ));
+            Some(crate::systemd::Reporter::start(
+                Arc::clone(n),
+                Arc::clone(&running.ctl),
+                running.admin.path().to_owned(),
+            )?)
+        }
         None => None,
     };
-    let server = Server::start(Arc::clone(&ctl))
-        .with_context(|| format!("listening on {}", config.listen))?;
-    let admin = controller::admin::AdminServer::start(&config.admin_path(), &ctl)
-        .with_context(|| format!("admin socket {}", config.admin_path().display()))?;
-    let startup = ctl.startup();
-    let how = match &startup.kind {
-        controller::RestartKind::Fresh => "new volume".to_owned(),
-        controller::RestartKind::Fast => "fast restart from the recovery box".to_owned(),
-        controller::RestartKind::Hard { reason } => format!("hard restart (NVS scan; {reason})"),
-    };
-    eprintln!(
-        "rebound: serving {} bytes on nbd://{}/ (data {}, NVS {}, box {}, admin {}); {how}: {} dirty tracks in {:?}{}",
-        config.volume_size,
-        server.local_addr(),
-        config.data_dir.display(),
-        config.nvs_path().display(),
-        config.box_path().display(),
-        admin.path().display(),
-        startup.replayed_tracks,
-        startup.elapsed,
-        metrics
-            .as_ref()
-            .map(|m| format!("; metrics at http://{}/metrics", m.local_addr()))
-            .unwrap_or_default()
-    );
     let mut ticks = 0u32;
-    while !stop.load(Ordering::Relaxed) {
+    while !signals.stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(100));
         ticks += 1;
         if ticks.is_multiple_of(20) {
-            write_task_trace(&config, &ctl);
+            write_task_trace(&config, &running.ctl);
+        }
+        if signals.hangup.swap(false, Ordering::Relaxed) {
+            reload(&args, &config, &logging);
         }
     }
-    write_task_trace(&config, &ctl);
-    eprintln!(
-        "rebound: shutting down: answering in-flight requests, destaging {} dirty tracks",
-        ctl.dirty_tracks()
-    );
-    drop(admin);
-    server
-        .shutdown()
-        .context("destaging and syncing at shutdown")?;
-    drop(metrics);
-    eprintln!("rebound: clean shutdown");
-    Ok(std::process::ExitCode::SUCCESS)
+    if let Some(n) = &notifier {
+        n.send("STOPPING=1\nSTATUS=shutting down: destaging dirty tracks");
+    }
+    drop(reporter);
+    write_task_trace(&config, &running.ctl);
+    running.shutdown()
+}
+
+/// The signals `serve` acts on.
+struct Signals {
+    /// SIGINT or SIGTERM: shut down.
+    stop: Arc<AtomicBool>,
+    /// SIGHUP: reopen the log file, reload the log level.
+    hangup: Arc<AtomicBool>,
+}
+
+impl Signals {
+    fn install() -> anyhow::Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+            signal_hook::flag::register(signal, Arc::clone(&stop))
+                .context("installing signal handlers")?;
+        }
+        let hangup = Arc::new(AtomicBool::new(false));
+        signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&hangup))
+            .context("installing the SIGHUP handler")?;
+        Ok(Self { stop, hangup })
+    }
+}
+
+/// The settings SIGHUP applies to a running server; every other key needs
+/// a restart.
+pub const RELOADABLE: &[&str] = &["log_level"];
+
+/// SIGHUP: reopen the log file, read the configuration again (the file,
+/// then the flags) and apply what can change safely: the log level. Keys
+/// that changed but need a restart are named in a warning.
+fn reload(args: &ServeArgs, running: &Config, logging: &crate::logging::Logging) {
+    match logging.reopen() {
+        Ok(Some(path)) => tracing::info!(path = %path.display(), "SIGHUP: log file reopened"),
+        Ok(None) => {}
+        Err(e) => eprintln!("rebound: SIGHUP: {e:#}"),
+    }
+    let fresh = match args.config() {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %format!("{e:#}"), "SIGHUP: the configuration is invalid; nothing reloaded");
+            return;
+        }
+    };
+    match logging.set_level(fresh.log_level) {
+        Ok(true) => tracing::info!(level = fresh.log_level.name(), "SIGHUP: log level set"),
+        Ok(false) => tracing::info!("SIGHUP: RUST_LOG is set and decides what is logged"),
+        Err(e) => tracing::error!(error = %format!("{e:#}"), "SIGHUP"),
+    }
+    let changed = changed_keys(&running.effective(), &fresh.effective());
+    let needs_restart: Vec<&str> = changed
+        .iter()
+        .map(String::as_str)
+        .filter(|k| !RELOADABLE.contains(k) && *k != "log_file")
+        .collect();
+    if !needs_restart.is_empty() {
+        tracing::warn!(
+            keys = needs_restart.join(", "),
+            "SIGHUP: these settings changed but apply only after a restart"
+        );
+    }
+}
+
+/// The top-level keys whose values differ between two configurations.
+fn changed_keys(a: &Config, b: &Config) -> Vec<String> {
+    let table = |c: &Config| -> toml::Table {
+        c.to_toml()
+            .ok()
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_default()
+    };
+    let (a, b) = (table(a), table(b));
+    let mut keys: Vec<String> = a
+        .keys()
+        .chain(b.keys())
+        .filter(|k| a.get(*k) != b.get(*k))
+        .cloned()
+        .collect();
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
+/// The running parts of a server.
+struct Running {
+    ctl: Arc<Controller>,
+    metrics: Option<controller::http::MetricsServer>,
+    server: Server,
+    admin: controller::admin::AdminServer,
+}
+
+impl Running {
+    /// Open the controller (start-up recovery), then serve NBD (on the
+    /// inherited socket, if any), metrics and the admin socket.
+    fn start(config: &Config, inherited: Option<std::net::TcpListener>) -> anyhow::Result<Self> {
+        let ctl = Controller::open(config.clone()).context("starting the controller")?;
+        let metrics = match config.metrics {
+            Some(addr) => Some(
+                controller::http::MetricsServer::start(addr, &ctl)
+                    .with_context(|| format!("serving metrics on {addr}"))?,
+            ),
+            None => None,
+        };
+        let server = match inherited {
+            Some(l) => Server::start_on(Arc::clone(&ctl), l)
+                .context("serving on the socket passed by systemd")?,
+            None => Server::start(Arc::clone(&ctl))
+                .with_context(|| format!("listening on {}", config.listen))?,
+        };
+        let admin = controller::admin::AdminServer::start(&config.admin_path(), &ctl)
+            .with_context(|| format!("admin socket {}", config.admin_path().display()))?;
+        Ok(Self {
+            ctl,
+            metrics,
+            server,
+            admin,
+        })
+    }
+
+    /// The start-up line on stderr.
+    fn banner(&self, config: &Config) {
+        let startup = self.ctl.startup();
+        let how = match &startup.kind {
+            controller::RestartKind::Fresh => "new volume".to_owned(),
+            controller::RestartKind::Fast => "fast restart from the recovery box".to_owned(),
+            controller::RestartKind::Hard { reason } => {
+                format!("hard restart (NVS scan; {reason})")
+            }
+        };
+        eprintln!(
+            "rebound: serving {} bytes on nbd://{}/ (data {}, NVS {}, box {}, admin {}); {how}: {} dirty tracks in {:?}{}",
+            config.volume_size,
+            self.server.local_addr(),
+            config.data_dir.display(),
+            config.nvs_path().display(),
+            config.box_path().display(),
+            self.admin.path().display(),
+            startup.replayed_tracks,
+            startup.elapsed,
+            self.metrics
+                .as_ref()
+                .map(|m| format!("; metrics at http://{}/metrics", m.local_addr()))
+                .unwrap_or_default()
+        );
+    }
+
+    /// Answer in-flight requests, destage, sync, stop.
+    fn shutdown(self) -> anyhow::Result<std::process::ExitCode> {
+        eprintln!(
+            "rebound: shutting down: answering in-flight requests, destaging {} dirty tracks",
+            self.ctl.dirty_tracks()
+        );
+        drop(self.admin);
+        self.server
+            .shutdown()
+            .context("destaging and syncing at shutdown")?;
+        drop(self.metrics);
+        eprintln!("rebound: clean shutdown");
+        Ok(std::process::ExitCode::SUCCESS)
+    }
 }
 
 /// Write the task trace, if one is recorded: to a temporary file renamed
@@ -431,10 +616,13 @@ mod tests {
         ("device_latency_us", Some("5")),
         ("device_latency_per_kib_us", Some("6")),
         ("inject", Some("panic cache.read")),
+        ("log_level", Some("debug")),
+        ("log_format", Some("json")),
+        ("log_file", Some("/tmp/rebound-flags.log")),
     ];
 
     /// Flags that steer the process, not the configuration.
-    const NOT_CONFIGURATION: &[&str] = &["config", "supervise"];
+    const NOT_CONFIGURATION: &[&str] = &["config", "supervise", "dump_config"];
 
     fn parse(argv: &[String]) -> ServeArgs {
         let cmd = ServeArgs::augment_args(clap::Command::new("serve").no_binary_name(true));

@@ -3,7 +3,7 @@
 //! -9), so rung 5 (fast restart from the recovery box) or rung 6 (hard
 //! restart) happens without an operator.
 //!
-//! The supervisor forwards SIGINT and SIGTERM to the server and exits with
+//! The supervisor forwards SIGINT and SIGTERM (and SIGHUP) to the server and exits with
 //! it after a clean shutdown. If the supervisor itself dies, the kernel
 //! sends the server SIGTERM (`PR_SET_PDEATHSIG`): no orphan keeps the port. A server that exits with an error code soon
 //! after starting (a bad configuration, a busy port) is not restarted: that
@@ -38,6 +38,9 @@ pub fn run(config: &Config) -> anyhow::Result<ExitCode> {
         signal_hook::flag::register(signal, Arc::clone(&stop))
             .context("installing signal handlers")?;
     }
+    let hangup = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&hangup))
+        .context("installing the SIGHUP handler")?;
     let mut restarts: Vec<Instant> = Vec::new();
     loop {
         let started = Instant::now();
@@ -70,6 +73,13 @@ pub fn run(config: &Config) -> anyhow::Result<ExitCode> {
         let status = loop {
             if let Some(status) = child.try_wait().context("waiting for the server")? {
                 break status;
+            }
+            if hangup.swap(false, Ordering::Relaxed) {
+                // SAFETY: kill(2) with a pid we spawned and have not reaped,
+                // and a valid signal number; it touches no memory.
+                unsafe {
+                    libc::kill(child.id() as libc::pid_t, libc::SIGHUP);
+                }
             }
             if stop.load(Ordering::Relaxed) {
                 // SAFETY: kill(2) with a pid we spawned and have not reaped,

@@ -134,6 +134,11 @@ impl Server {
         )
     }
 
+    /// The process id of the running server.
+    pub fn pid(&self) -> u32 {
+        self.proc.as_ref().expect("server running").pid()
+    }
+
     /// Whether the process is still alive.
     pub fn alive(&mut self) -> bool {
         self.proc.as_mut().is_some_and(harness::Server::alive)

@@ -70,7 +70,9 @@ pub mod store;
 pub mod timer;
 pub mod units;
 
-pub use config::{Config, ConfigError, FlushPolicy, LatencyConfig, OutputCommit};
+pub use config::{
+    Config, ConfigError, FlushPolicy, LatencyConfig, LogFormat, LogLevel, OutputCommit,
+};
 pub use controller::{Controller, OpenError, RestartKind, StartupReport};
 pub use engine::{Engine, Groups};
 pub use host::listener::Server;

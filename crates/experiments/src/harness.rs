@@ -280,6 +280,11 @@ impl Server {
         &self.addr
     }
 
+    /// Its process id (to send it a signal).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Its start-up banner.
     pub fn banner(&self) -> &str {
         &self.banner

@@ -229,7 +229,7 @@ mod tests {
 }
 
 /// Modelled device service time, for experiments (none by default).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LatencyConfig {
     /// Fixed cost per device I/O, microseconds.

@@ -39,6 +39,9 @@
 //! # faults armed at start (as `rebound inject` would; for experiments):
 //! inject = ["panic cache.read rate=0.001 count=unlimited",
 //!           "group-fault cache rate=1e-4 duration=20ms"]
+//! log_level = "info"                      # error | warn | info | debug | trace (RUST_LOG wins when set)
+//! log_format = "text"                      # text | json
+//! log_file = "/var/log/rebound.log"        # optional (default: stderr); reopened on SIGHUP
 //! [device_latency]
 //! fixed_us = 0
 //! per_kib_us = 0
@@ -48,7 +51,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 pub use crate::backend::device::LatencyConfig;
 pub use crate::backend::pseudodev::OutputCommit;
@@ -73,7 +76,7 @@ fn de_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
 }
 
 /// What FLUSH and FUA make durable.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum FlushPolicy {
     /// Destage the covered writes to the devices and `fdatasync` them
@@ -92,7 +95,7 @@ pub enum FlushPolicy {
 /// at start-up ([`crate::files::reserve`]); a hole punched by a TRIM gives
 /// that space back, and a later destage into the range would allocate it
 /// again and could fail with `ENOSPC` after the write was acknowledged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Discard {
     /// Keep the space allocated (`FALLOC_FL_ZERO_RANGE`, or writing
@@ -144,6 +147,12 @@ impl<'de> Deserialize<'de> for OutputCommitSetting {
     }
 }
 
+impl Serialize for OutputCommitSetting {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.0.name())
+    }
+}
+
 /// [`OutputCommit`] as written in the TOML file (an unknown scheme is
 /// refused with the list of known ones).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -152,6 +161,43 @@ pub struct OutputCommitSetting(pub OutputCommit);
 fn de_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let s = String::deserialize(d)?;
     parse_duration(&s).map_err(serde::de::Error::custom)
+}
+
+/// A size as the configuration writes it: `256M` where a unit divides it.
+fn ser_size<S: serde::Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
+    for (shift, unit) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
+        if *v != 0 && v.trailing_zeros() >= shift {
+            return s.serialize_str(&format!("{}{unit}", v >> shift));
+        }
+    }
+    s.serialize_str(&v.to_string())
+}
+
+/// A duration as the configuration writes it (`20ms`, `2s`, `1.5s`).
+pub fn format_duration(d: Duration) -> String {
+    let ns = d.as_nanos();
+    if ns == 0 {
+        "0s".into()
+    } else if ns.is_multiple_of(1_000_000_000) {
+        format!("{}s", d.as_secs())
+    } else if ns.is_multiple_of(1_000_000) {
+        format!("{}ms", d.as_millis())
+    } else if ns.is_multiple_of(1_000) {
+        format!("{}us", d.as_micros())
+    } else {
+        format!("{ns}ns")
+    }
+}
+
+fn ser_duration<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&format_duration(*d))
+}
+
+fn ser_opt_duration<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => ser_duration(d, s),
+        None => s.serialize_none(),
+    }
 }
 
 fn de_opt_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
@@ -165,7 +211,7 @@ fn de_opt_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Dura
 pub const HUNG_AFTER_DEADLINES: u32 = 30;
 
 /// The configuration of one controller.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// Address of the NBD listener.
@@ -173,25 +219,26 @@ pub struct Config {
     /// Directory holding the volume label and the device files.
     pub data_dir: PathBuf,
     /// Size of the exported volume (a multiple of 4 KiB).
-    #[serde(deserialize_with = "de_size")]
+    #[serde(deserialize_with = "de_size", serialize_with = "ser_size")]
     pub volume_size: u64,
     /// Backend device files the volume is striped over (track by track).
     pub devices: u32,
     /// Redundancy across the devices ([`crate::backend::raid`]).
     pub raid: crate::backend::raid::Raid,
     /// Bytes per second a lost device's rebuild may write (0: unthrottled).
-    #[serde(deserialize_with = "de_size")]
+    #[serde(deserialize_with = "de_size", serialize_with = "ser_size")]
     pub rebuild_rate: u64,
     /// Path of the NVS file (default: under /dev/shm, named after `data_dir`).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub nvs: Option<PathBuf>,
     /// Size of the NVS.
-    #[serde(deserialize_with = "de_size")]
+    #[serde(deserialize_with = "de_size", serialize_with = "ser_size")]
     pub nvs_size: u64,
     /// Path of the recovery box (default: under /dev/shm, named after `data_dir`).
-    #[serde(rename = "box")]
+    #[serde(rename = "box", skip_serializing_if = "Option::is_none")]
     pub box_path: Option<PathBuf>,
     /// Size of the read cache.
-    #[serde(deserialize_with = "de_size")]
+    #[serde(deserialize_with = "de_size", serialize_with = "ser_size")]
     pub cache_size: u64,
     /// rcs worker threads (0: one per core).
     pub workers: usize,
@@ -203,7 +250,7 @@ pub struct Config {
     /// deadline: it then fails with a time-out at its next check or stall
     /// and is handled like any task failure (a redrive at rung 1). Zero:
     /// no watchdog.
-    #[serde(deserialize_with = "de_duration")]
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
     pub task_deadline: Duration,
     /// A task still running this long ignored its time-out (it never
     /// checks): the watchdog recovers its group (rung 2), which cannot drain
@@ -212,16 +259,23 @@ pub struct Config {
     /// [`Config::hung_after`]; zero: off. No step of a request waits inside
     /// its task (FLUSH, FUA, TRIM and WRITE_ZEROES wait between tasks), so
     /// only a device call that does not return for this long trips it.
-    #[serde(deserialize_with = "de_opt_duration")]
+    #[serde(
+        deserialize_with = "de_opt_duration",
+        serialize_with = "ser_opt_duration",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub hung_after: Option<Duration>,
     /// Prometheus endpoint (`http://ADDR/metrics`), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub metrics: Option<SocketAddr>,
     /// Admin socket for `rebound status` and `rebound inject` (default:
     /// `<data_dir>/admin.sock`).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub admin: Option<PathBuf>,
     /// Record every task's service time per group and priority and write
     /// the trace here (every 2 s and at shutdown) for `rebound sim rcs
     /// --trace` (format: `rcs::trace`).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub trace_tasks: Option<PathBuf>,
     /// What FLUSH and FUA make durable.
     pub flush: FlushPolicy,
@@ -251,14 +305,14 @@ pub struct Config {
     pub output_commit: OutputCommitSetting,
     /// Epoch length: how often the controller's state is checkpointed and
     /// held output released (when `output_commit` is on).
-    #[serde(deserialize_with = "de_duration")]
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
     pub checkpoint_interval: Duration,
     /// Also commit as soon as output waits and no request is in the
     /// pipeline (at most every 100 µs), instead of only every interval.
     pub commit_when_idle: bool,
     /// How often the scrub checks the data of every dirty NVS record
     /// ([`crate::engine::scrub`]); zero: off.
-    #[serde(deserialize_with = "de_duration")]
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
     pub scrub_interval: Duration,
     /// Modelled device latency.
     pub device_latency: LatencyConfig,
@@ -275,6 +329,86 @@ pub struct Config {
     /// on the admin socket: `panic|fail|delay POINT [rate= count=
     /// duration=]` or `group-fault GROUP [rate= duration=]`.
     pub inject: Vec<String>,
+    /// What the server logs ([`LogLevel`]); `RUST_LOG` wins when set.
+    pub log_level: LogLevel,
+    /// How log lines are written ([`LogFormat`]).
+    pub log_format: LogFormat,
+    /// Log to this file instead of stderr (reopened on SIGHUP, so it can
+    /// be rotated by renaming it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log_file: Option<PathBuf>,
+}
+
+/// How much the server logs: `error`, `warn`, `info` (the default:
+/// every recovery, the listeners at start) , `debug` (also task panics
+/// the runtime handles), `trace`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogLevel {
+    /// Errors only.
+    Error,
+    /// Errors and warnings.
+    Warn,
+    /// Also every recovery (the default).
+    #[default]
+    Info,
+    /// Also what the runtime handles silently (task panics, redrives).
+    Debug,
+    /// Everything.
+    Trace,
+}
+
+impl LogLevel {
+    /// The valid values, as written in the TOML file and the flag.
+    pub const NAMES: &'static [&'static str] = &["error", "warn", "info", "debug", "trace"];
+
+    /// The name, as a `tracing` filter directive takes it.
+    pub fn name(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
+}
+
+impl std::str::FromStr for LogLevel {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match Self::NAMES.iter().position(|n| *n == s) {
+            Some(0) => Ok(Self::Error),
+            Some(1) => Ok(Self::Warn),
+            Some(2) => Ok(Self::Info),
+            Some(3) => Ok(Self::Debug),
+            Some(_) => Ok(Self::Trace),
+            None => Err(format!(
+                "unknown log level {s:?} (expected one of: {})",
+                Self::NAMES.join(", ")
+            )),
+        }
+    }
+}
+
+/// The format of log lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// One human-readable line per event (the default).
+    #[default]
+    Text,
+    /// One JSON object per line (timestamp, level, target, fields).
+    Json,
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "text" => Ok(Self::Text),
+            "json" => Ok(Self::Json),
+            other => Err(format!(
+                "unknown log format {other:?} (expected one of: text, json)"
+            )),
+        }
+    }
 }
 
 impl Default for Config {
@@ -320,6 +454,9 @@ impl Default for Config {
             export_name: "rebound".to_owned(),
             description: String::new(),
             inject: Vec::new(),
+            log_level: LogLevel::Info,
+            log_format: LogFormat::Text,
+            log_file: None,
         }
     }
 }
@@ -419,6 +556,24 @@ impl Config {
                     .filter(|&h| h > self.task_deadline)
             }
         }
+    }
+
+    /// The configuration as the server uses it: the paths and thresholds
+    /// derived from other settings written out (NVS, box, admin socket,
+    /// `hung_after`, `0s` when off).
+    pub fn effective(&self) -> Self {
+        Self {
+            nvs: Some(self.nvs_path()),
+            box_path: Some(self.box_path()),
+            admin: Some(self.admin_path()),
+            hung_after: Some(self.hung_after().unwrap_or(Duration::ZERO)),
+            ..self.clone()
+        }
+    }
+
+    /// The configuration as a TOML file `--config` accepts.
+    pub fn to_toml(&self) -> Result<String, String> {
+        toml::to_string(self).map_err(|e| e.to_string())
     }
 
     /// Check every setting.
@@ -808,6 +963,30 @@ mod tests {
         .nvs_path();
         assert!(a.starts_with("/dev/shm"));
         assert_ne!(a, b);
+    }
+
+    #[test]
+    fn the_effective_configuration_round_trips_through_toml() {
+        for text in [
+            "",
+            "volume_size = \"96M\"\ncheckpoint_interval = \"1.5s\"\nhung_after = \"90s\"\nlog_level = \"debug\"\nlog_format = \"json\"\nmetrics = \"127.0.0.1:9\"\noutput_commit = \"renaming\"\nraid = \"mirror\"\ndevices = 2\nflush = \"nvs\"\nrebuild_rate = 12345\n[device_latency]\nfixed_us = 3\n",
+        ] {
+            let c: Config = toml::from_str(text).unwrap();
+            let dumped = c.effective().to_toml().unwrap();
+            let back: Config = toml::from_str(&dumped).unwrap_or_else(|e| panic!("{e}\n{dumped}"));
+            assert_eq!(back, c.effective(), "{dumped}");
+            back.validate().unwrap();
+        }
+        let err = toml::from_str::<Config>("log_level = \"loud\"").unwrap_err();
+        assert!(err.to_string().contains("loud"), "{err}");
+        assert_eq!("warn".parse::<LogLevel>(), Ok(LogLevel::Warn));
+        assert!(
+            "loud"
+                .parse::<LogLevel>()
+                .unwrap_err()
+                .contains("error, warn, info")
+        );
+        assert_eq!(format_duration(Duration::from_micros(1500)), "1500us");
     }
 
     #[test]

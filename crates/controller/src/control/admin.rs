@@ -11,7 +11,9 @@
 //!
 //! | request | effect |
 //! |---|---|
-//! | `status` | groups, recoveries by rung, recent recoveries (rcs's and the controller's) |
+//! | `status` | health, groups, recoveries by rung, recent recoveries (rcs's and the controller's) |
+//! | `status json` | the same as one JSON object ([`crate::control::report`]) |
+//! | `health` | `healthy` or `degraded: why; why` (one line) |
 //! | `inject panic POINT [rate=P] [count=N]` | arm the named fault point to panic (rung 1: the request is redriven) |
 //! | `inject fail POINT [rate=P] [count=N]` | arm it to fail with a state error (rung 1) |
 //! | `inject delay POINT duration=D [rate=P] [count=N]` | arm it to stall: past `task_deadline` the watchdog ends the stall as a time-out |
@@ -175,10 +177,12 @@ pub fn execute(request: &str, ctl: &Arc<Controller>) -> Result<String, String> {
     let words: Vec<&str> = request.split_whitespace().collect();
     match words.as_slice() {
         ["status"] => Ok(crate::control::status::render(ctl)),
+        ["status", "json"] => Ok(crate::control::report::render_json(ctl) + "\n"),
+        ["health"] => Ok(crate::control::health::check(ctl).line() + "\n"),
         ["inject", rest @ ..] => crate::engine::inject::arm(ctl.engine(), &Fault::parse(rest)?),
         [] => Err("empty request; try `status`".into()),
         [other, ..] => Err(format!(
-            "unknown request {other:?}; requests: status, inject"
+            "unknown request {other:?}; requests: status, status json, health, inject"
         )),
     }
 }
@@ -187,24 +191,51 @@ pub fn execute(request: &str, ctl: &Arc<Controller>) -> Result<String, String> {
 /// `Err` carries the server's refusal (`error: ...`) or why it could not
 /// be reached.
 pub fn request(path: &Path, request: &str) -> Result<String, String> {
-    let mut s = UnixStream::connect(path).map_err(|e| {
-        format!(
+    request_within(path, request, Duration::from_secs(10)).map_err(|e| match e {
+        AdminError::Unreachable(why) | AdminError::Refused(why) => why,
+    })
+}
+
+/// Why a request got no answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdminError {
+    /// No server answers at the socket (or not within the time).
+    Unreachable(String),
+    /// The server refused the request (`error: ...`).
+    Refused(String),
+}
+
+impl std::fmt::Display for AdminError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Unreachable(why) | Self::Refused(why) => f.write_str(why),
+        }
+    }
+}
+
+/// [`request`], waiting at most `limit` for the answer, and telling an
+/// unreachable server from a refusal.
+pub fn request_within(path: &Path, request: &str, limit: Duration) -> Result<String, AdminError> {
+    let unreachable = |e: std::io::Error| {
+        AdminError::Unreachable(format!(
             "cannot reach the admin socket {}: {e} (is `rebound serve` running with this --admin?)",
             path.display()
-        )
-    })?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .map_err(|e| e.to_string())?;
-    writeln!(s, "{request}").map_err(|e| format!("sending the request: {e}"))?;
+        ))
+    };
+    let mut s = UnixStream::connect(path).map_err(unreachable)?;
+    s.set_read_timeout(Some(limit)).map_err(unreachable)?;
+    s.set_write_timeout(Some(limit)).map_err(unreachable)?;
+    writeln!(s, "{request}").map_err(unreachable)?;
     let mut answer = String::new();
-    s.read_to_string(&mut answer)
-        .map_err(|e| format!("reading the answer: {e}"))?;
+    s.read_to_string(&mut answer).map_err(unreachable)?;
     match answer.strip_prefix("ok\n") {
         Some(text) => Ok(text.to_owned()),
-        None => Err(answer
-            .trim_end()
-            .strip_prefix("error: ")
-            .unwrap_or(answer.trim_end())
-            .to_owned()),
+        None => Err(AdminError::Refused(
+            answer
+                .trim_end()
+                .strip_prefix("error: ")
+                .unwrap_or(answer.trim_end())
+                .to_owned(),
+        )),
     }
 }

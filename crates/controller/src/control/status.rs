@@ -1,4 +1,5 @@
-//! The text of `rebound status`: how the server started, the output commit
+//! The text of `rebound status`: its health (the first line, `health:
+//! healthy` or `health: degraded: why`), how the server started, the output commit
 //! and system recovery rungs, control blocks, the volume's devices and
 //! queues, every recovery group, recoveries by rung and the most recent
 //! ones (newest last).
@@ -13,6 +14,7 @@ use crate::controller::Controller;
 pub fn render(ctl: &Controller) -> String {
     let mut out = String::new();
     let m = ctl.runtime().metrics();
+    let _ = writeln!(out, "health: {}", crate::control::health::check(ctl).line());
     startup_line(&mut out, ctl, &m);
     scrub_and_lost_tracks(&mut out, ctl);
     output_commit(&mut out, ctl);

@@ -1,4 +1,5 @@
-//! The NBD listener: accepts connections (up to `max_connections`), runs
+//! The NBD listener: binds the configured address, or serves on a
+//! listening socket handed over (systemd socket activation); accepts connections (up to `max_connections`), runs
 //! each on its own thread, and shuts down gracefully: stop accepting, end
 //! every connection once its in-flight requests are answered, destage
 //! everything, sync the devices.
@@ -37,6 +38,14 @@ impl Server {
     /// Bind the configured address and start accepting.
     pub fn start(ctl: Arc<Controller>) -> std::io::Result<Self> {
         let listener = TcpListener::bind(ctl.config.listen)?;
+        Self::start_on(ctl, listener)
+    }
+
+    /// Start accepting on `listener`, a listening socket bound elsewhere
+    /// (one inherited from systemd); `listen` in the configuration is not
+    /// bound.
+    pub fn start_on(ctl: Arc<Controller>, listener: TcpListener) -> std::io::Result<Self> {
+        listener.set_nonblocking(false)?;
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
         let live = Arc::new(Mutex::new(Live {
