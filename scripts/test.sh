@@ -21,6 +21,7 @@ want valgrind valgrind
 want memcached memcached
 want nc netcat-openbsd
 want jq jq
+want promtool prometheus   # checks dist/prometheus/rebound-alerts.yml (tests/ops_metrics.rs)
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
 if ((${#need[@]})); then
   mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)
