@@ -26,6 +26,7 @@ want nbdsh python3-libnbd
 /usr/bin/python3 -c 'import nbd' 2>/dev/null || need+=(python3-libnbd)
 want systemd-socket-activate systemd
 want systemd-analyze systemd
+want promtool prometheus   # checks dist/prometheus/rebound-alerts.yml (tests/ops_metrics.rs)
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
 if ((${#need[@]})); then
   mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)

@@ -89,6 +89,14 @@ impl Server {
         controller::admin::request(&self.admin_path(), request)
     }
 
+    /// The metrics endpoint (`--metrics`, port 0 allowed) as it bound it.
+    pub fn metrics_addr(&self) -> String {
+        let proc = self.proc.as_ref().expect("server running");
+        proc.metrics_addr()
+            .unwrap_or_else(|| panic!("no metrics address in the banner: {}", proc.banner()))
+            .to_owned()
+    }
+
     /// `nbd://ADDR/` (the default export).
     pub fn uri(&self) -> String {
         format!("nbd://{}/", self.addr)

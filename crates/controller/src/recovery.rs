@@ -1,7 +1,8 @@
 //! The controller's recovery log (DESIGN.md: "every rung is measured"):
 //! each recovery the controller performs, with its rung, cause, duration and
 //! the requests it affected, kept in a bounded in-memory log for `rebound
-//! status` and counted per rung for the metrics endpoint.
+//! status` and counted per rung for the metrics endpoint, each duration
+//! in a per-rung histogram.
 //!
 //! Group recoveries (rung 2) are performed and logged by rcs itself
 //! ([`rcs::Handle::recent_events`]); `status` shows both logs.
@@ -11,6 +12,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+
+use crate::metrics::histogram::{Histogram, HistogramSnapshot, RECOVERY_BOUNDS_NS};
 
 /// Recovery records kept.
 pub const RECOVERY_LOG_MAX: usize = 256;
@@ -89,6 +92,7 @@ pub struct RecoveryLog {
     counts: [AtomicU64; 8],
     nanos: [AtomicU64; 8],
     requests: [AtomicU64; 8],
+    durations: [Histogram; 8],
 }
 
 impl Default for RecoveryLog {
@@ -100,6 +104,7 @@ impl Default for RecoveryLog {
             counts: Default::default(),
             nanos: Default::default(),
             requests: Default::default(),
+            durations: std::array::from_fn(|_| Histogram::new(RECOVERY_BOUNDS_NS)),
         }
     }
 }
@@ -121,6 +126,7 @@ impl RecoveryLog {
             Ordering::Relaxed,
         );
         self.requests[rung as usize].fetch_add(requests, Ordering::Relaxed);
+        self.durations[rung as usize].observe(duration);
         let mut records = self.records.lock();
         if records.len() == RECOVERY_LOG_MAX {
             records.pop_front();
@@ -141,6 +147,11 @@ impl RecoveryLog {
     /// Requests affected by recoveries at `rung` so far.
     pub fn requests(&self, rung: Rung) -> u64 {
         self.requests[rung as usize].load(Ordering::Relaxed)
+    }
+
+    /// How long each recovery at `rung` took, bucketed.
+    pub fn durations(&self, rung: Rung) -> HistogramSnapshot {
+        self.durations[rung as usize].snapshot()
     }
 
     /// The most recent records, oldest first.

@@ -285,6 +285,16 @@ impl Server {
         self.child.id()
     }
 
+    /// The metrics endpoint it bound (`127.0.0.1:PORT`, the port chosen by
+    /// the system when `--metrics` gave port 0), read from its banner; `None`
+    /// without `--metrics`.
+    pub fn metrics_addr(&self) -> Option<&str> {
+        self.banner
+            .split("metrics at http://")
+            .nth(1)
+            .and_then(|rest| rest.split('/').next())
+    }
+
     /// Its start-up banner.
     pub fn banner(&self) -> &str {
         &self.banner

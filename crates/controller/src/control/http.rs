@@ -1,5 +1,7 @@
 //! The Prometheus endpoint: `GET /metrics` on the `--metrics` address
-//! returns [`Controller::render_metrics`]; anything else is 404.
+//! returns [`Controller::render_metrics`] as OpenMetrics text (the content
+//! type prometheus-client's encoder writes, which Prometheus negotiates and
+//! a plain `curl` prints as it is); anything else is 404.
 
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
@@ -39,7 +41,7 @@ impl MetricsServer {
                         (tiny_http::Method::Get, "/metrics", Some(ctl)) => {
                             let header = tiny_http::Header::from_bytes(
                                 &b"Content-Type"[..],
-                                &b"text/plain; version=0.0.4"[..],
+                                crate::metrics::CONTENT_TYPE.as_bytes(),
                             )
                             .expect("static header");
                             tiny_http::Response::from_string(ctl.render_metrics())

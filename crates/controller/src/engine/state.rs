@@ -17,7 +17,8 @@ use crate::config::{Config, FlushPolicy};
 use crate::engine::ctlblock::ControlBlocks;
 use crate::engine::destage::DestageQueue;
 use crate::engine::system::{SystemError, SystemRecovery, SystemReport};
-use crate::metrics::{Gauges, Metrics};
+use crate::metrics::histogram::RECOVERY_BOUNDS_NS;
+use crate::metrics::{Gauges, HistogramSnapshot, Metrics};
 use crate::nbd::handshake::ExportInfo;
 use crate::recovery::{RecoveryLog, Rung};
 use crate::store::cache::Cache;
@@ -161,6 +162,15 @@ impl Engine {
         let s = self.cache.stats();
         let total = u64::from(self.nvs.slot_count());
         let rcs = self.rt.metrics();
+        // Group recoveries are performed and timed by rcs, in microseconds.
+        let group_recovery: Vec<HistogramSnapshot> = rcs
+            .groups
+            .iter()
+            .map(|g| match self.rt.recovery_histogram(g.id) {
+                Some(h) => HistogramSnapshot::from_micros(&h, RECOVERY_BOUNDS_NS),
+                None => HistogramSnapshot::empty(RECOVERY_BOUNDS_NS),
+            })
+            .collect();
         Gauges {
             cache: (
                 s.hits.load(Ordering::Relaxed),
@@ -181,6 +191,8 @@ impl Engine {
                     // Group recoveries are performed and timed by rcs.
                     Rung::Group => {
                         let groups = rcs.groups.iter();
+                        let mut durations = HistogramSnapshot::empty(RECOVERY_BOUNDS_NS);
+                        group_recovery.iter().for_each(|h| durations.merge(h));
                         crate::metrics::RungTotals {
                             rung: rung as u8,
                             name: rung.name(),
@@ -192,6 +204,7 @@ impl Engine {
                                 })
                                 .sum(),
                             requests: 0,
+                            durations,
                         }
                     }
                     _ => crate::metrics::RungTotals {
@@ -200,10 +213,12 @@ impl Engine {
                         count: self.recoveries.count(rung),
                         seconds: self.recoveries.time(rung).as_secs_f64(),
                         requests: self.recoveries.requests(rung),
+                        durations: self.recoveries.durations(rung),
                     },
                 })
                 .collect(),
             rcs: Some(rcs),
+            group_recovery,
             control_blocks: (u64::from(self.blocks.available()), self.blocks.counts().1),
             device_queue: self.queues.iter().fold((0, 0), |(f, u), q| {
                 (f + q.full_count(), u + q.unsolicited_count())
@@ -220,7 +235,7 @@ impl Engine {
         }
     }
 
-    /// Prometheus text.
+    /// The metrics exposition (OpenMetrics text, [`crate::metrics::CONTENT_TYPE`]).
     pub fn render_metrics(&self) -> String {
         self.metrics.render(&self.gauges())
     }

@@ -602,3 +602,63 @@ fn under_output_commit_a_failed_held_write_answers_flush_with_eio() {
     e.volume.read_track(7, &mut on_device).unwrap();
     assert_eq!(on_device, vec![0x77; TRACK_BYTES]);
 }
+
+/// The value of sample `name` (labels included) in an exposition.
+fn sample(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no sample {name} in:\n{text}"))
+}
+
+#[test]
+fn the_request_and_recovery_histograms_count_what_happened() {
+    let _serial = SERIAL.lock();
+    let mut b = Bench::open(OutputCommit::Off);
+    let before = b.ctl.render_metrics();
+    for t in 0..5 {
+        assert_eq!(b.write(t, 0x11).result, Ok(()));
+    }
+    for t in 0..3 {
+        assert_eq!(b.read(t), ok_with(0x11));
+    }
+    b.engine().system_recover("metrics test").expect("rung 4");
+    assert!(b.all_finished());
+    let after = b.ctl.render_metrics();
+    let moved = |name: &str| sample(&after, name) - sample(&before, name);
+    for (op, n) in [("write", 5.0), ("read", 3.0)] {
+        let count = format!("rebound_request_duration_seconds_count{{op=\"{op}\"}}");
+        assert_eq!(moved(&count), n, "{count}");
+        let inf = format!("rebound_request_duration_seconds_bucket{{le=\"+Inf\",op=\"{op}\"}}");
+        assert_eq!(moved(&inf), n, "{inf}");
+        assert!(
+            moved(&format!(
+                "rebound_request_duration_seconds_sum{{op=\"{op}\"}}"
+            )) > 0.0
+        );
+        assert_eq!(moved(&format!("rebound_requests_total{{op=\"{op}\"}}")), n);
+    }
+    let system = "{rung=\"4\",name=\"system\"}";
+    assert_eq!(
+        moved(&format!("rebound_recovery_duration_seconds_count{system}")),
+        1.0
+    );
+    assert_eq!(moved(&format!("rebound_recoveries_total{system}")), 1.0);
+    // Every rung has its histogram, the ones rcs times (group) included,
+    // and so has every recovery group.
+    for rung in crate::recovery::Rung::ALL {
+        let labels = format!("rung=\"{}\",name=\"{}\"", rung as u8, rung.name());
+        sample(
+            &after,
+            &format!("rebound_recovery_duration_seconds_count{{{labels}}}"),
+        );
+        sample(
+            &after,
+            &format!("rebound_recovery_duration_seconds_bucket{{le=\"300.0\",{labels}}}"),
+        );
+    }
+    sample(
+        &after,
+        "rebound_rcs_recovery_seconds_count{group=\"cache\"}",
+    );
+    sample(&after, "rebound_build_info{version=\"0.1.0\"}");
+}

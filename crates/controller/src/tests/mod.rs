@@ -4,6 +4,7 @@
 
 mod engine;
 mod host;
+mod http;
 
 /// A small controller's configuration with every file in `dir` (no
 /// /dev/shm, no listener started), no scrub.
