@@ -1,6 +1,6 @@
 //! `rebound reset`: remove a volume so the next `serve` on its data
 //! directory starts a new one: the files rebound keeps in the data
-//! directory (label, device files, parity log, output-commit files, a
+//! directory (label, device files, parity log, allocation map, output-commit files, a
 //! stale admin socket), its NVS and its recovery box. Refused while a
 //! server runs on it; nothing else is touched (the directory itself and
 //! any other file in it stay).
@@ -48,6 +48,8 @@ pub fn is_volume_file(name: &str) -> bool {
         "volume.toml"
             | "volume.toml.tmp"
             | "ppl.log"
+            | "alloc.map"
+            | "alloc.map.tmp"
             | "output-commit.buffer"
             | "output-commit.map"
             | "output-commit.rename"
