@@ -12,8 +12,13 @@
 # DIR/controller.csv (one line per run). `rebound bench controller` runs this
 # script and draws DIR/controller.png.
 #
+# Then random writes of 4 KiB and of 512 bytes (bench/fio/randwrite.fio) on
+# rebound, where 512 bytes is a read-modify-write of a 4 KiB track, and on
+# nbdkit's file plugin: DIR/controller-writes.csv and a second table.
+#
 # Environment: REBOUND_FLAGS adds flags to `rebound serve` (experiments);
-# SERVERS limits the servers measured (default: all four).
+# SERVERS limits the servers measured (default: all four); WRITE_SERVERS
+# those of the write table (default: rebound nbdkit-file).
 set -euo pipefail
 
 quick=0; out="bench/out"; rebound=""; rounds=""; runtime=""
@@ -24,7 +29,7 @@ while (($#)); do
     --rebound) rebound="$2"; shift ;;
     --rounds) rounds="$2"; shift ;;
     --runtime) runtime="$2"; shift ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "controller.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -127,3 +132,41 @@ END {
     ratio, (ratio >= 1.0 ? "met" : "MISSED"), p99r["rebound"], p99r["nbdkit-file"], p99w["rebound"], p99w["nbdkit-file"], (p99 ? "met" : "MISSED")
 }' "$csv"
 echo "raw results: $csv"
+
+# The partial-track path: random writes of 512 bytes (the Linux kernel
+# client's default block size) against whole 4 KiB tracks, on rebound and
+# on nbdkit's file plugin, interleaved as above.
+wjob="$here/fio/randwrite.fio"
+sed "s/^runtime=.*/runtime=$runtime/" "$wjob" > "$work/write.fio"
+wcsv="$out/controller-writes.csv"
+echo "server,bs,round,iops,write_p99_us,write_mean_us" > "$wcsv"
+read -r -a wservers <<< "${WRITE_SERVERS:-rebound nbdkit-file}"
+total=$((rounds * ${#wservers[@]} * 2)); n=0
+for round in $(seq 1 "$rounds"); do
+  for s in "${wservers[@]}"; do
+    for bs in 4k 512; do
+      n=$((n + 1))
+      printf '\r[%d/%d] round %d: %-14s %4s writes (%ss)' "$n" "$total" "$round" "$s" "$bs" "$runtime" >&2
+      start "$s"
+      PORT=$port BS=$bs fio "$work/write.fio" --output-format=json 2>/dev/null | sed -n '/^{/,$p' > "$work/out.json"
+      stop
+      jq -r --arg s "$s" --arg b "$bs" --arg r "$round" '.jobs[0] as $j | [$s, $b, $r, $j.write.iops,
+          ($j.write.clat_ns.percentile["99.000000"] / 1000), ($j.write.clat_ns.mean / 1000)] | @csv' \
+        "$work/out.json" | tr -d '"' >> "$wcsv"
+    done
+  done
+done
+printf '\r%70s\r' '' >&2
+echo
+echo "random writes (fio nbd engine, iodepth 32, 1 GiB): $rounds round(s) of ${runtime}s, median per server and block size"
+awk -F, 'NR > 1 { k = $1 " " $2; n[k]++; i[k, n[k]] = $4; p[k, n[k]] = $5; mn[k, n[k]] = $6; if (!(k in seen)) { seen[k] = 1; order[++c] = k } }
+END {
+  printf "%-22s %10s %12s %15s %14s\n", "server, block size", "IOPS", "vs its 4k", "write p99 µs", "write mean µs"
+  for (q = 1; q <= c; q++) { k = order[q]; m = n[k]
+    for (a = 1; a <= m; a++) idx[a] = a
+    for (a = 1; a <= m; a++) for (b = a + 1; b <= m; b++) if (i[k, idx[b]] < i[k, idx[a]]) { t = idx[a]; idx[a] = idx[b]; idx[b] = t }
+    j = idx[int((m + 1) / 2)]; med[k] = i[k, j]; pp[k] = p[k, j]; mm[k] = mn[k, j] }
+  for (q = 1; q <= c; q++) { k = order[q]; split(k, w, " ")
+    printf "%-22s %10.0f %12.3f %15.0f %14.1f\n", w[1] ", " w[2], med[k], med[k] / med[w[1] " 4k"], pp[k], mm[k] }
+}' "$wcsv"
+echo "raw results: $wcsv"
