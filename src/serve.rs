@@ -394,16 +394,16 @@ pub fn run(args: ServeArgs) -> anyhow::Result<std::process::ExitCode> {
     running.shutdown()
 }
 
-/// The signals `serve` acts on.
-struct Signals {
+/// The signals `serve` (and its supervisor) act on.
+pub(crate) struct Signals {
     /// SIGINT or SIGTERM: shut down.
-    stop: Arc<AtomicBool>,
+    pub(crate) stop: Arc<AtomicBool>,
     /// SIGHUP: reopen the log file, reload the log level.
-    hangup: Arc<AtomicBool>,
+    pub(crate) hangup: Arc<AtomicBool>,
 }
 
 impl Signals {
-    fn install() -> anyhow::Result<Self> {
+    pub(crate) fn install() -> anyhow::Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
         for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
             signal_hook::flag::register(signal, Arc::clone(&stop))
@@ -616,6 +616,9 @@ mod tests {
         ("device_latency_us", Some("5")),
         ("device_latency_per_kib_us", Some("6")),
         ("inject", Some("panic cache.read")),
+        ("read_only", None),
+        ("export_name", Some("disk0")),
+        ("description", Some("scratch")),
         ("log_level", Some("debug")),
         ("log_format", Some("json")),
         ("log_file", Some("/tmp/rebound-flags.log")),

@@ -13,8 +13,7 @@
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, ExitCode};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -33,14 +32,7 @@ pub fn run(config: &Config) -> anyhow::Result<ExitCode> {
         .skip(1)
         .filter(|a| a != "--supervise")
         .collect();
-    let stop = Arc::new(AtomicBool::new(false));
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(signal, Arc::clone(&stop))
-            .context("installing signal handlers")?;
-    }
-    let hangup = Arc::new(AtomicBool::new(false));
-    signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&hangup))
-        .context("installing the SIGHUP handler")?;
+    let crate::serve::Signals { stop, hangup } = crate::serve::Signals::install()?;
     let mut restarts: Vec<Instant> = Vec::new();
     loop {
         let started = Instant::now();

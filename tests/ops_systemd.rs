@@ -226,6 +226,50 @@ fn notify_ready_comes_after_the_port_serves_then_status_watchdog_and_stopping() 
 }
 
 #[test]
+fn the_watchdog_stops_pinging_when_the_health_check_gets_no_answer() {
+    let files = Files::new("stuck");
+    let sock_path = files.dir.path().join("notify.sock");
+    let sock = UnixDatagram::bind(&sock_path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rebound"))
+        .args(files.serve_args())
+        .args(["--listen", "127.0.0.1:0"])
+        .env("NOTIFY_SOCKET", &sock_path)
+        .env("WATCHDOG_USEC", "200000")
+        .stderr(std::fs::File::create(files.log()).unwrap())
+        .spawn()
+        .unwrap();
+    let mut got = Vec::new();
+    receive_until(&sock, Duration::from_secs(60), "WATCHDOG=1", &mut got);
+    // The health check goes through the admin socket: take it away, as a
+    // dead admin thread would leave it.
+    std::fs::remove_file(files.dir.path().join("data").join("admin.sock")).unwrap();
+    let mut buf = [0u8; 4096];
+    let mut after = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !after.iter().any(|m: &String| m.starts_with("STATUS=stuck")) {
+        assert!(Instant::now() < deadline, "no STATUS=stuck: {after:?}");
+        if let Ok(n) = sock.recv(&mut buf) {
+            after.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+    }
+    // From then on, no ping: systemd's watchdog will restart the server.
+    let mut quiet = Vec::new();
+    let until = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < until {
+        if let Ok(n) = sock.recv(&mut buf) {
+            quiet.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+    }
+    assert!(
+        !quiet.iter().any(|m| m == "WATCHDOG=1"),
+        "pings went on while stuck: {quiet:?}"
+    );
+    assert!(sigterm_and_wait(&mut child).success());
+}
+
+#[test]
 fn notify_reaches_an_abstract_namespace_socket() {
     use std::os::linux::net::SocketAddrExt;
     let files = Files::new("abstract");
