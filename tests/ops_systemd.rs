@@ -160,6 +160,37 @@ fn receive_until(sock: &UnixDatagram, limit: Duration, until: &str, got: &mut Ve
     }
 }
 
+/// Every notification received within `span`.
+fn receive_for(sock: &UnixDatagram, span: Duration) -> Vec<String> {
+    let mut buf = [0u8; 4096];
+    let mut got = Vec::new();
+    let until = Instant::now() + span;
+    while Instant::now() < until {
+        if let Ok(n) = sock.recv(&mut buf) {
+            got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+    }
+    got
+}
+
+/// `rebound serve` notifying a datagram socket of the test's, with a
+/// 200 ms watchdog: the socket and the server.
+fn serve_notified(files: &Files) -> (UnixDatagram, Child) {
+    let sock_path = files.dir.path().join("notify.sock");
+    let sock = UnixDatagram::bind(&sock_path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_rebound"))
+        .args(files.serve_args())
+        .args(["--listen", "127.0.0.1:0"])
+        .env("NOTIFY_SOCKET", &sock_path)
+        .env("WATCHDOG_USEC", "200000")
+        .stderr(std::fs::File::create(files.log()).unwrap())
+        .spawn()
+        .unwrap();
+    (sock, child)
+}
+
 fn banner_port(log: &Path) -> Option<u16> {
     let text = std::fs::read_to_string(log).ok()?;
     let line = text
@@ -172,18 +203,7 @@ fn banner_port(log: &Path) -> Option<u16> {
 #[test]
 fn notify_ready_comes_after_the_port_serves_then_status_watchdog_and_stopping() {
     let files = Files::new("notify");
-    let sock_path = files.dir.path().join("notify.sock");
-    let sock = UnixDatagram::bind(&sock_path).unwrap();
-    sock.set_read_timeout(Some(Duration::from_millis(100)))
-        .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rebound"))
-        .args(files.serve_args())
-        .args(["--listen", "127.0.0.1:0"])
-        .env("NOTIFY_SOCKET", &sock_path)
-        .env("WATCHDOG_USEC", "200000")
-        .stderr(std::fs::File::create(files.log()).unwrap())
-        .spawn()
-        .unwrap();
+    let (sock, mut child) = serve_notified(&files);
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -207,13 +227,7 @@ fn notify_ready_comes_after_the_port_serves_then_status_watchdog_and_stopping() 
     );
     // The watchdog keeps pinging.
     let pings_before = got.iter().filter(|m| *m == "WATCHDOG=1").count();
-    let mut later = Vec::new();
-    let until = Instant::now() + Duration::from_secs(1);
-    while Instant::now() < until {
-        if let Ok(n) = sock.recv(&mut buf) {
-            later.push(String::from_utf8_lossy(&buf[..n]).into_owned());
-        }
-    }
+    let later = receive_for(&sock, Duration::from_secs(1));
     assert!(
         later.iter().filter(|m| *m == "WATCHDOG=1").count() >= 3,
         "pings every 100 ms: {later:?} after {pings_before}"
@@ -228,18 +242,7 @@ fn notify_ready_comes_after_the_port_serves_then_status_watchdog_and_stopping() 
 #[test]
 fn the_watchdog_stops_pinging_when_the_health_check_gets_no_answer() {
     let files = Files::new("stuck");
-    let sock_path = files.dir.path().join("notify.sock");
-    let sock = UnixDatagram::bind(&sock_path).unwrap();
-    sock.set_read_timeout(Some(Duration::from_millis(100)))
-        .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rebound"))
-        .args(files.serve_args())
-        .args(["--listen", "127.0.0.1:0"])
-        .env("NOTIFY_SOCKET", &sock_path)
-        .env("WATCHDOG_USEC", "200000")
-        .stderr(std::fs::File::create(files.log()).unwrap())
-        .spawn()
-        .unwrap();
+    let (sock, mut child) = serve_notified(&files);
     let mut got = Vec::new();
     receive_until(&sock, Duration::from_secs(60), "WATCHDOG=1", &mut got);
     // The health check goes through the admin socket: take it away, as a
@@ -255,13 +258,7 @@ fn the_watchdog_stops_pinging_when_the_health_check_gets_no_answer() {
         }
     }
     // From then on, no ping: systemd's watchdog will restart the server.
-    let mut quiet = Vec::new();
-    let until = Instant::now() + Duration::from_secs(1);
-    while Instant::now() < until {
-        if let Ok(n) = sock.recv(&mut buf) {
-            quiet.push(String::from_utf8_lossy(&buf[..n]).into_owned());
-        }
-    }
+    let quiet = receive_for(&sock, Duration::from_secs(1));
     assert!(
         !quiet.iter().any(|m| m == "WATCHDOG=1"),
         "pings went on while stuck: {quiet:?}"
