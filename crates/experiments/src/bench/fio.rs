@@ -44,10 +44,15 @@ pub(super) fn fio(
             "--output-format=json",
         ])
         .args(rw)
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .output()
         .context("running fio (apt-get install fio)")?;
-    anyhow::ensure!(out.status.success(), "fio failed ({})", out.status);
+    anyhow::ensure!(
+        out.status.success(),
+        "fio failed ({}) against nbd://127.0.0.1:{port}/ ({job}): {}",
+        out.status,
+        last_lines(&out.stderr, &out.stdout)
+    );
     let start = out
         .stdout
         .iter()
@@ -71,4 +76,21 @@ pub(super) fn fio(
     anyhow::ensure!(r.iops > 0.0, "fio completed no I/O");
     r.mean_us = weighted / r.iops / 1000.0;
     Ok(r)
+}
+
+/// The last few lines fio printed (stderr first, else stdout), for an
+/// error message that says why it failed.
+fn last_lines(stderr: &[u8], stdout: &[u8]) -> String {
+    let text = if stderr.iter().any(|b| !b.is_ascii_whitespace()) {
+        String::from_utf8_lossy(stderr)
+    } else {
+        String::from_utf8_lossy(stdout)
+    };
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let tail = &lines[lines.len().saturating_sub(6)..];
+    if tail.is_empty() {
+        "it printed nothing".to_string()
+    } else {
+        tail.join(" | ")
+    }
 }
