@@ -19,9 +19,14 @@ pub struct ServeArgs {
     /// TOML configuration file (keys as the long options, with underscores).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Address to listen on for NBD clients [default: 127.0.0.1:10809].
-    #[arg(long, value_name = "ADDR")]
-    listen: Option<SocketAddr>,
+    /// Where to listen for NBD clients: ADDR:PORT, or unix:PATH for a
+    /// Unix socket (clients use nbd+unix:///?socket=PATH)
+    /// [default: 127.0.0.1:10809].
+    #[arg(long, value_name = "ADDR|unix:PATH")]
+    listen: Option<controller::config::Endpoint>,
+    /// Mode of a unix: listener's socket file, octal [default: 0600].
+    #[arg(long, value_name = "MODE", value_parser = controller::config::parse_mode)]
+    socket_mode: Option<u32>,
     /// Directory of the volume label and device files [default: ./rebound-data].
     #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
@@ -99,9 +104,38 @@ pub struct ServeArgs {
     /// write).
     #[arg(long)]
     power_loss_tracking: bool,
-    /// Most concurrent NBD connections [default: 64].
+    /// Most concurrent NBD clients past their handshake [default: 64].
     #[arg(long, value_name = "N")]
     max_connections: Option<usize>,
+    /// Most connections, negotiating or served, from one client address;
+    /// 0: no cap [default: 0].
+    #[arg(long, value_name = "N")]
+    max_connections_per_peer: Option<usize>,
+    /// Most connections negotiating at once; a new one past it ends the
+    /// oldest negotiation [default: 128].
+    #[arg(long, value_name = "N")]
+    max_handshakes: Option<usize>,
+    /// Time for a client's whole handshake, however it trickles its
+    /// bytes [default: 10s].
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    handshake_timeout: Option<std::time::Duration>,
+    /// Close a connection that sent nothing and has nothing in flight for
+    /// this long; 0s: never [default: 0s].
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    idle_timeout: Option<std::time::Duration>,
+    /// Disconnect a client that reads none of its replies for this long
+    /// (its acknowledged writes are kept) [default: 60s].
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    send_timeout: Option<std::time::Duration>,
+    /// Per connection: bytes of requests admitted whose replies have not
+    /// left; past it the connection's requests wait unread, e.g. 64M
+    /// [default: 64M].
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    reply_budget: Option<u64>,
+    /// Idle time before TCP keepalive probes find a vanished peer; 0s:
+    /// off [default: 60s].
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    tcp_keepalive: Option<std::time::Duration>,
     /// Threads per connection: they take turns reading requests and run
     /// them, so one waiting on a device does not hold up the others
     /// [default: 4].
@@ -230,6 +264,10 @@ impl ServeArgs {
             policy,
             idle_spins,
             max_connections,
+            max_connections_per_peer,
+            max_handshakes,
+            socket_mode,
+            reply_budget,
             connection_threads,
             device_queue_depth,
             control_blocks,
@@ -288,6 +326,16 @@ impl ServeArgs {
         }
         if let Some(v) = self.task_deadline {
             c.task_deadline = v;
+        }
+        for (flag, setting) in [
+            (self.handshake_timeout, &mut c.handshake_timeout),
+            (self.idle_timeout, &mut c.idle_timeout),
+            (self.send_timeout, &mut c.send_timeout),
+            (self.tcp_keepalive, &mut c.tcp_keepalive),
+        ] {
+            if let Some(v) = flag {
+                *setting = v;
+            }
         }
         if let Some(v) = self.hung_after {
             c.hung_after = Some(v);
@@ -355,7 +403,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<std::process::ExitCode> {
         return crate::supervise::run(&config);
     }
     if let Some(l) = &inherited {
-        config.listen = l.local_addr().context("the inherited socket's address")?;
+        config.listen = l.endpoint().context("the inherited socket's address")?;
     }
     let signals = Signals::install()?;
     let notifier = crate::systemd::Notifier::from_env()?.map(Arc::new);
@@ -486,7 +534,10 @@ struct Running {
 impl Running {
     /// Open the controller (start-up recovery), then serve NBD (on the
     /// inherited socket, if any), metrics and the admin socket.
-    fn start(config: &Config, inherited: Option<std::net::TcpListener>) -> anyhow::Result<Self> {
+    fn start(
+        config: &Config,
+        inherited: Option<controller::host::socket::Listener>,
+    ) -> anyhow::Result<Self> {
         let ctl = Controller::open(config.clone()).context("starting the controller")?;
         let metrics = match config.metrics {
             Some(addr) => Some(
@@ -522,9 +573,9 @@ impl Running {
             }
         };
         eprintln!(
-            "rebound: serving {} bytes on nbd://{}/ (data {}, NVS {}, box {}, admin {}); {how}: {} dirty tracks in {:?}{}",
+            "rebound: serving {} bytes on {} (data {}, NVS {}, box {}, admin {}); {how}: {} dirty tracks in {:?}{}",
             config.volume_size,
-            self.server.local_addr(),
+            self.server.endpoint().uri(),
             config.data_dir.display(),
             config.nvs_path().display(),
             config.box_path().display(),
@@ -604,6 +655,14 @@ mod tests {
         ("device_error_limit", Some("5")),
         ("power_loss_tracking", None),
         ("max_connections", Some("5")),
+        ("max_connections_per_peer", Some("3")),
+        ("max_handshakes", Some("9")),
+        ("handshake_timeout", Some("3s")),
+        ("idle_timeout", Some("30s")),
+        ("send_timeout", Some("7s")),
+        ("reply_budget", Some("8M")),
+        ("tcp_keepalive", Some("20s")),
+        ("socket_mode", Some("0660")),
         ("connection_threads", Some("2")),
         ("device_queue_depth", Some("8")),
         ("control_blocks", Some("100")),

@@ -7,6 +7,7 @@
 use std::net::TcpListener;
 use std::os::fd::{FromRawFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::net::UnixListener;
 use std::os::unix::net::{SocketAddr, UnixDatagram};
 use std::path::Path;
 use std::sync::Arc;
@@ -15,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use controller::Controller;
+use controller::host::socket::Listener;
 
 /// The first file descriptor systemd passes (`SD_LISTEN_FDS_START`).
 const LISTEN_FDS_START: RawFd = 3;
@@ -26,7 +28,7 @@ pub const SYSTEM_RECOVERY_STUCK: Duration = Duration::from_secs(60);
 /// Take the listening socket systemd passed, if `LISTEN_PID` names this
 /// process. The variables are removed either way (a child must not take
 /// them for its own). Must run before the process starts any thread.
-pub fn take_listener() -> anyhow::Result<Option<TcpListener>> {
+pub fn take_listener() -> anyhow::Result<Option<Listener>> {
     let pid = std::env::var("LISTEN_PID").ok();
     let fds = std::env::var("LISTEN_FDS").ok();
     for var in ["LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"] {
@@ -52,14 +54,30 @@ pub fn take_listener() -> anyhow::Result<Option<TcpListener>> {
             "socket activation passed several sockets; serving on the first (fd 3) only"
         ),
     }
-    check_listening_stream(LISTEN_FDS_START)?;
-    // SAFETY: fd 3 was handed to this process by its service manager
-    // (LISTEN_PID is our pid); nothing else in the process owns or closes
-    // it, so the listener takes sole ownership.
-    let listener = unsafe { TcpListener::from_raw_fd(LISTEN_FDS_START) };
-    listener
-        .local_addr()
-        .context("the socket passed by systemd (fd 3) is not a TCP socket (ListenStream= takes a port or an address:port)")?;
+    let domain = check_listening_stream(LISTEN_FDS_START)?;
+    let listener = if domain == libc::AF_UNIX {
+        // SAFETY: fd 3 was handed to this process by its service manager
+        // (LISTEN_PID is our pid); nothing else in the process owns or
+        // closes it, so the listener takes sole ownership.
+        let unix = unsafe { UnixListener::from_raw_fd(LISTEN_FDS_START) };
+        let path = unix
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_pathname().map(Path::to_path_buf))
+            .context("the Unix socket passed by systemd (fd 3) has no path (ListenStream= takes an absolute path)")?;
+        // systemd owns the socket file: it is not removed at exit.
+        Listener::Unix {
+            listener: unix,
+            path,
+            bound: None,
+        }
+    } else {
+        // SAFETY: as above: fd 3 is ours alone.
+        let tcp = unsafe { TcpListener::from_raw_fd(LISTEN_FDS_START) };
+        tcp.local_addr()
+            .context("the socket passed by systemd (fd 3) is neither TCP nor a Unix socket (ListenStream= takes a port, an address:port or a path)")?;
+        Listener::Tcp(tcp)
+    };
     // SAFETY: fcntl on an fd we own, with valid commands; no memory is passed.
     unsafe {
         let flags = libc::fcntl(LISTEN_FDS_START, libc::F_GETFD);
@@ -70,8 +88,8 @@ pub fn take_listener() -> anyhow::Result<Option<TcpListener>> {
     Ok(Some(listener))
 }
 
-/// Whether `fd` is a listening stream socket.
-fn check_listening_stream(fd: RawFd) -> anyhow::Result<()> {
+/// Whether `fd` is a listening stream socket: its address family.
+fn check_listening_stream(fd: RawFd) -> anyhow::Result<libc::c_int> {
     let get = |opt: libc::c_int| -> std::io::Result<libc::c_int> {
         let mut value: libc::c_int = 0;
         let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
@@ -97,7 +115,7 @@ fn check_listening_stream(fd: RawFd) -> anyhow::Result<()> {
     if kind != libc::SOCK_STREAM || listening == 0 {
         bail!("the socket passed by systemd (fd 3) is not a listening stream socket");
     }
-    Ok(())
+    get(libc::SO_DOMAIN).context("reading fd 3's address family")
 }
 
 /// The service manager's notification socket (`NOTIFY_SOCKET`).

@@ -17,6 +17,8 @@ pub struct Server {
     cmd: ServeCommand,
     files: ServerFiles,
     pub addr: String,
+    /// The URI from the banner (`nbd://..` or `nbd+unix:///?socket=..`).
+    pub banner_uri: String,
     pub dir: tempfile::TempDir,
     pub nvs: PathBuf,
     pub rbox: PathBuf,
@@ -66,6 +68,7 @@ impl Server {
             rbox: files.rbox.clone(),
             files,
             addr: String::new(),
+            banner_uri: String::new(),
             dir,
             stderr_log,
         };
@@ -76,6 +79,7 @@ impl Server {
     fn launch(&mut self) {
         let proc = self.cmd.start().unwrap_or_else(|e| panic!("{e:#}"));
         self.addr = proc.addr().to_owned();
+        self.banner_uri = proc.uri().to_owned();
         self.proc = Some(proc);
     }
 
@@ -97,9 +101,14 @@ impl Server {
             .to_owned()
     }
 
-    /// `nbd://ADDR/` (the default export).
+    /// `nbd://ADDR/` (the default export), or `nbd+unix:///?socket=PATH`
+    /// for a server listening on a Unix socket.
     pub fn uri(&self) -> String {
-        format!("nbd://{}/", self.addr)
+        if self.addr.is_empty() {
+            self.banner_uri.clone()
+        } else {
+            format!("nbd://{}/", self.addr)
+        }
     }
 
     /// The port.

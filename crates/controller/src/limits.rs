@@ -28,8 +28,6 @@ pub const DESTAGE_BATCH_TRACKS: usize = 32;
 pub const DESTAGE_TASKS_MAX: u32 = 2;
 /// Socket read buffer of a connection.
 pub const CONNECTION_READ_BUFFER_BYTES: usize = 256 << 10;
-/// Handshake must complete within this time.
-pub const HANDSHAKE_TIMEOUT_SECS: u64 = 30;
 /// Deepest device submission queue accepted.
 pub const DEVICE_QUEUE_DEPTH_MAX: u32 = 4096;
 /// Largest request control-block pool accepted.

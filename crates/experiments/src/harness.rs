@@ -219,9 +219,16 @@ impl ServeCommand {
             .and_then(|rest| rest.split('/').next())
             .unwrap_or_default()
             .to_owned();
+        let uri = banner
+            .split(" on ")
+            .nth(1)
+            .and_then(|rest| rest.split(' ').next())
+            .unwrap_or_default()
+            .to_owned();
         Ok(Server {
             child,
             addr,
+            uri,
             banner,
             ready_after: started.elapsed(),
             admin: self.admin.clone(),
@@ -245,7 +252,7 @@ impl ServeCommand {
                 if let Some(f) = log.as_mut() {
                     let _ = writeln!(f, "{line}");
                 }
-                if !sent && line.contains("on nbd://") {
+                if !sent && (line.contains("on nbd://") || line.contains("on nbd+unix://")) {
                     let _ = tx.send(line);
                     sent = true;
                 }
@@ -269,15 +276,23 @@ impl ServeCommand {
 pub struct Server {
     child: Child,
     addr: String,
+    uri: String,
     banner: String,
     ready_after: Duration,
     admin: PathBuf,
 }
 
 impl Server {
-    /// The NBD address it listens on (`127.0.0.1:PORT`).
+    /// The NBD address it listens on (`127.0.0.1:PORT`; empty for a Unix
+    /// socket).
     pub fn addr(&self) -> &str {
         &self.addr
+    }
+
+    /// The NBD URI clients connect with (`nbd://127.0.0.1:PORT/` or
+    /// `nbd+unix:///?socket=PATH`), from its banner.
+    pub fn uri(&self) -> &str {
+        &self.uri
     }
 
     /// Its process id (to send it a signal).

@@ -4,7 +4,8 @@
 //! offending setting; nothing is silently adjusted.
 //!
 //! ```toml
-//! listen = "127.0.0.1:10809"
+//! listen = "127.0.0.1:10809"               # or "unix:/run/rebound/nbd.sock"
+//! socket_mode = "0600"                     # mode of a unix: listener's socket file
 //! data_dir = "./rebound-data"
 //! volume_size = "1G"
 //! devices = 1
@@ -28,7 +29,14 @@
 //! direct_io = false
 //! device_error_limit = 3                   # write/sync errors before a redundant volume's device is lost
 //! power_loss_tracking = false              # keep what a power cut would undo (`inject power-loss`; tests)
-//! max_connections = 64
+//! max_connections = 64                     # clients past their handshake
+//! max_connections_per_peer = 0             # connections (negotiating or served) per client address (0: no cap)
+//! max_handshakes = 128                     # negotiating at once; past it the oldest is dropped
+//! handshake_timeout = "10s"                # the whole negotiation
+//! idle_timeout = "0s"                      # close a connection with nothing in flight for this long (0s: never)
+//! send_timeout = "60s"                     # close a client that reads no reply for this long
+//! reply_budget = "64M"                     # per connection: bytes of admitted requests not yet replied; past it, stop reading
+//! tcp_keepalive = "60s"                    # idle time before keepalive probes (0s: off)
 //! connection_threads = 4                   # per connection: read requests in turns, run them
 //! device_queue_depth = 32                  # per device; a full queue backs off (rung 1)
 //! control_blocks = 4096                    # requests in flight, all connections
@@ -47,6 +55,8 @@
 //! per_kib_us = 0
 //! ```
 
+mod endpoint;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -56,6 +66,7 @@ use serde::{Deserialize, Serialize};
 pub use crate::backend::device::LatencyConfig;
 pub use crate::backend::pseudodev::OutputCommit;
 pub use crate::units::{parse_duration, parse_size};
+pub use endpoint::Endpoint;
 
 use crate::limits::{
     CONNECTION_THREADS_MAX, CONNECTIONS_MAX, CONTROL_BLOCKS_MAX, DEVICE_QUEUE_DEPTH_MAX,
@@ -200,6 +211,33 @@ fn ser_opt_duration<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<
     }
 }
 
+/// A file mode: an octal string ("0600", "660") or an integer.
+fn de_mode<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Mode {
+        Text(String),
+        Number(u32),
+    }
+    match Mode::deserialize(d)? {
+        Mode::Number(n) => Ok(n),
+        Mode::Text(t) => parse_mode(&t).map_err(serde::de::Error::custom),
+    }
+}
+
+fn ser_mode<S: serde::Serializer>(v: &u32, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&format!("{v:04o}"))
+}
+
+/// An octal file mode ("0600", "660", "0o600").
+pub fn parse_mode(text: &str) -> Result<u32, String> {
+    let digits = text.trim_start_matches("0o");
+    u32::from_str_radix(digits, 8)
+        .ok()
+        .filter(|m| *m <= 0o7777)
+        .ok_or_else(|| format!("{text:?} is not an octal file mode such as 0600"))
+}
+
 fn de_opt_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
     de_duration(d).map(Some)
 }
@@ -214,8 +252,11 @@ pub const HUNG_AFTER_DEADLINES: u32 = 30;
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
-    /// Address of the NBD listener.
-    pub listen: SocketAddr,
+    /// Where the NBD listener listens (TCP address or `unix:PATH`).
+    pub listen: Endpoint,
+    /// Mode of the socket file of a `unix:` listener (octal, e.g. "0600").
+    #[serde(deserialize_with = "de_mode", serialize_with = "ser_mode")]
+    pub socket_mode: u32,
     /// Directory holding the volume label and the device files.
     pub data_dir: PathBuf,
     /// Size of the exported volume (a multiple of 4 KiB).
@@ -295,6 +336,34 @@ pub struct Config {
     /// Threads per connection: they take turns reading requests and run
     /// them (see `connection`).
     pub connection_threads: usize,
+    /// Most connections (negotiating or served) from one client address;
+    /// 0: no cap. Unix-socket clients are one peer.
+    pub max_connections_per_peer: usize,
+    /// Most connections negotiating at once; a new one past it ends the
+    /// oldest negotiation (a well-behaved client negotiates in
+    /// milliseconds, so the oldest is the likeliest to be stalled).
+    pub max_handshakes: usize,
+    /// How long the whole negotiation may take, however the client
+    /// trickles its bytes.
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
+    pub handshake_timeout: Duration,
+    /// Close a served connection that sent nothing and has nothing in
+    /// flight for this long; zero: never.
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
+    pub idle_timeout: Duration,
+    /// Close a client that has read none of its replies for this long
+    /// (its acknowledged writes are kept).
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
+    pub send_timeout: Duration,
+    /// Per connection: bytes of admitted requests whose replies have not
+    /// left (a READ counts its data, a WRITE its payload). Past it the
+    /// connection's requests are not read until replies drain.
+    #[serde(deserialize_with = "de_size", serialize_with = "ser_size")]
+    pub reply_budget: u64,
+    /// Idle time before TCP keepalive probes start (then every 10 s, 6
+    /// probes): a vanished peer is found; zero: no keepalive.
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
+    pub tcp_keepalive: Duration,
     /// Outstanding reads and writes per backend device (its submission
     /// queue); a full queue makes the I/O back off and retry.
     pub device_queue_depth: u32,
@@ -414,7 +483,8 @@ impl std::str::FromStr for LogFormat {
 impl Default for Config {
     fn default() -> Self {
         Self {
-            listen: "127.0.0.1:10809".parse().expect("static address"),
+            listen: Endpoint::Tcp("127.0.0.1:10809".parse().expect("static address")),
+            socket_mode: 0o600,
             data_dir: PathBuf::from("./rebound-data"),
             volume_size: 1 << 30,
             devices: 1,
@@ -443,6 +513,13 @@ impl Default for Config {
             power_loss_tracking: false,
             max_connections: 64,
             connection_threads: 4,
+            max_connections_per_peer: 0,
+            max_handshakes: 128,
+            handshake_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::ZERO,
+            send_timeout: Duration::from_secs(60),
+            reply_budget: 64 << 20,
+            tcp_keepalive: Duration::from_secs(60),
             device_queue_depth: 32,
             control_blocks: 4096,
             output_commit: OutputCommitSetting::default(),
@@ -808,6 +885,58 @@ impl Config {
                 "connection_threads",
                 format!("must be in 1..={CONNECTION_THREADS_MAX}"),
             ));
+        }
+        if self.max_connections_per_peer > CONNECTIONS_MAX {
+            return Err(invalid(
+                "max_connections_per_peer",
+                format!("must be in 0..={CONNECTIONS_MAX} (0: no cap)"),
+            ));
+        }
+        if self.max_handshakes == 0 || self.max_handshakes > CONNECTIONS_MAX {
+            return Err(invalid(
+                "max_handshakes",
+                format!("must be in 1..={CONNECTIONS_MAX}"),
+            ));
+        }
+        self.validate_connection_timing()?;
+        if self.socket_mode & !0o777 != 0 || self.socket_mode & 0o600 != 0o600 {
+            return Err(invalid(
+                "socket_mode",
+                format!(
+                    "{:#o} must be permission bits (at most 0777) that let the server's user read and write (0600 at least)",
+                    self.socket_mode
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The connections' time limits and reply budget.
+    fn validate_connection_timing(&self) -> Result<(), ConfigError> {
+        let secs = |d: Duration| d.as_secs_f64();
+        if !(0.1..=3600.0).contains(&secs(self.handshake_timeout)) {
+            return Err(invalid(
+                "handshake_timeout",
+                "must be between 100ms and 3600s",
+            ));
+        }
+        if !self.idle_timeout.is_zero() && !(1.0..=604_800.0).contains(&secs(self.idle_timeout)) {
+            return Err(invalid(
+                "idle_timeout",
+                "must be 0s (never) or between 1s and 604800s",
+            ));
+        }
+        if !(0.1..=86_400.0).contains(&secs(self.send_timeout)) {
+            return Err(invalid("send_timeout", "must be between 100ms and 86400s"));
+        }
+        if !self.tcp_keepalive.is_zero() && !(1.0..=86_400.0).contains(&secs(self.tcp_keepalive)) {
+            return Err(invalid(
+                "tcp_keepalive",
+                "must be 0s (off) or between 1s and 86400s",
+            ));
+        }
+        if self.reply_budget < 1 << 20 || self.reply_budget > 1 << 40 {
+            return Err(invalid("reply_budget", "must be between 1M and 1T"));
         }
         Ok(())
     }

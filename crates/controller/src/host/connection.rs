@@ -17,44 +17,96 @@
 //! While one thread waits (a device read, a flush), the others keep
 //! reading.
 //!
-//! Replies are written by whichever task finishes a request. Replies queue
-//! on the connection; the first writer to find no one sending becomes the
-//! sender and writes the whole queue with one `writev`, so replies from
-//! concurrent requests leave in batches.
+//! Replies never block the thread that finishes a request (a connection
+//! thread, an rcs worker, the epoch thread releasing a commit): replies
+//! queue on the connection's outbox and the first writer to find no one
+//! sending writes the queue with one `sendmsg(MSG_DONTWAIT)`. What the
+//! socket does not take then is left to the connection's *drainer*
+//! thread, which waits for room (`poll`) and sends the rest; a client that
+//! takes nothing for `send_timeout` is disconnected (its acknowledged
+//! writes stay: they are in the NVS). So a slow or stalled reader costs
+//! only its own connection, never a worker, the commit, or a recovery.
+//!
+//! Back-pressure: a connection's *charge* is the bytes of its admitted
+//! requests whose replies have not left (a READ's data, a WRITE's payload,
+//! plus a small per-request overhead). Before framing a request a reading
+//! thread waits while the charge with this request's would pass
+//! `reply_budget` (one request is always admitted), or while
+//! [`INFLIGHT_PER_CONNECTION_MAX`] requests are unfinished; it reads
+//! nothing meanwhile, so TCP flow control pushes back on the client. A
+//! connection's memory is thus bounded by its budget plus one maximum
+//! request plus its read buffer (see the README's memory bound).
+//!
+//! Idle connections: with `idle_timeout` set, a connection that sent
+//! nothing and has nothing in flight for that long is closed; TCP
+//! keepalive (`tcp_keepalive`) finds a peer that vanished.
 //!
 //! Bad input ends this connection only: a bad request magic (the stream
 //! cannot be resynchronised), a write payload over [`DISCARD_PAYLOAD_MAX`].
 //! A write over the maximum payload but under that bound is read, discarded
 //! and answered `EOVERFLOW`; every other malformed request gets its NBD error.
 
-use std::io::{BufReader, IoSlice, Read, Write};
-use std::net::{Shutdown, TcpStream};
+use std::collections::VecDeque;
+use std::io::{BufReader, IoSlice, Read};
+use std::net::Shutdown;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::controller::Controller;
 use crate::engine::ReplySink;
 use crate::engine::request::Request;
+use crate::host::socket::Socket;
 use crate::limits::{
-    CONNECTION_READ_BUFFER_BYTES, DISCARD_PAYLOAD_MAX, HANDSHAKE_TIMEOUT_SECS,
-    INFLIGHT_PER_CONNECTION_MAX, MAX_PAYLOAD_BYTES, TRACK_BYTES,
+    CONNECTION_READ_BUFFER_BYTES, DISCARD_PAYLOAD_MAX, INFLIGHT_PER_CONNECTION_MAX,
+    MAX_PAYLOAD_BYTES, TRACK_BYTES,
 };
-use crate::nbd::handshake::{self, HandshakeError, Outcome};
+use crate::nbd::handshake::{self, HandshakeError, Negotiated, Outcome};
 use crate::nbd::proto::{self, NbdError, REQUEST_BYTES, RequestHeader, chunk, cmd};
+
+/// What a request costs its connection's budget beyond its data: the
+/// request and reply headers, the control block.
+const REQUEST_OVERHEAD_BYTES: u64 = 64;
+
+/// A request's charge against the reply budget (the same at admission
+/// and when its reply leaves: both see the client's header).
+fn charge_of(h: &RequestHeader) -> u64 {
+    REQUEST_OVERHEAD_BYTES
+        + match h.kind {
+            cmd::READ | cmd::WRITE => u64::from(h.length),
+            _ => 0,
+        }
+}
 
 struct Frame {
     head: Vec<u8>,
     body: Vec<u8>,
+    charge: u64,
+}
+
+impl Frame {
+    fn len(&self) -> usize {
+        self.head.len() + self.body.len()
+    }
 }
 
 #[derive(Default)]
 struct Outbox {
-    pending: Vec<Frame>,
+    /// Replies not yet (wholly) sent, in order.
+    pending: VecDeque<Frame>,
+    /// Bytes of the first pending frame already sent.
+    sent: usize,
+    /// Someone owns the write side (a thread sending without blocking,
+    /// or the drainer).
     sending: bool,
+    /// The drainer owns it: the send buffer was full.
+    draining: bool,
+    /// The connection failed or was cut: replies are dropped.
     broken: bool,
+    /// The connection is ending: the drainer leaves once nothing is queued.
+    closing: bool,
 }
 
 /// A connection in the transmission phase.
@@ -63,26 +115,56 @@ pub struct Connection {
     pub(crate) structured: bool,
     /// The client selected `base:allocation` (BLOCK_STATUS answers).
     pub(crate) allocation: bool,
-    out: TcpStream,
+    out: Socket,
     outbox: Mutex<Outbox>,
+    /// Wakes the drainer.
+    drain: Condvar,
+    /// Wakes a reading thread waiting for budget (under `outbox`).
+    room: Condvar,
+    /// A reading thread waits on `room`.
+    reader_waiting: AtomicBool,
+    /// Requests admitted and not finished.
     inflight: AtomicU32,
+    /// Bytes charged by admitted requests whose replies have not left.
+    charged: AtomicU64,
+    /// Milliseconds since `born` of the last bytes read from the client.
+    last_read_ms: AtomicU64,
+    born: Instant,
     id: u64,
 }
 
 impl Connection {
-    /// A connection past its handshake, replying on `out` (in-process tests
-    /// of framing).
-    #[cfg(test)]
-    pub(crate) fn for_tests(ctl: Arc<Controller>, out: TcpStream, structured: bool) -> Arc<Self> {
-        Arc::new(Self {
+    fn new(ctl: Arc<Controller>, out: Socket, negotiated: Negotiated, id: u64) -> Self {
+        Self {
             ctl,
-            structured,
-            allocation: structured,
+            structured: negotiated.structured,
+            allocation: negotiated.allocation,
             out,
             outbox: Mutex::new(Outbox::default()),
+            drain: Condvar::new(),
+            room: Condvar::new(),
+            reader_waiting: AtomicBool::new(false),
             inflight: AtomicU32::new(0),
-            id: 0,
-        })
+            charged: AtomicU64::new(0),
+            last_read_ms: AtomicU64::new(0),
+            born: Instant::now(),
+            id,
+        }
+    }
+
+    /// A connection past its handshake, replying on `out` (in-process tests
+    /// of framing; no drainer runs, so replies must fit the send buffer).
+    #[cfg(test)]
+    pub(crate) fn for_tests(
+        ctl: Arc<Controller>,
+        out: std::net::TcpStream,
+        structured: bool,
+    ) -> Arc<Self> {
+        let negotiated = Negotiated {
+            structured,
+            allocation: structured,
+        };
+        Arc::new(Self::new(ctl, Socket::Tcp(out), negotiated, 0))
     }
 }
 
@@ -92,6 +174,7 @@ impl std::fmt::Debug for Connection {
             .field("id", &self.id)
             .field("structured", &self.structured)
             .field("inflight", &self.inflight.load(Ordering::Relaxed))
+            .field("charged", &self.charged.load(Ordering::Relaxed))
             .finish()
     }
 }
@@ -143,11 +226,15 @@ impl ReplySink for Connection {
                 Vec::new()
             }
         };
-        self.push(Frame { head, body });
+        self.push(Frame {
+            head,
+            body,
+            charge: charge_of(h),
+        });
     }
 
     /// Take the sender's role if no one has it: replies pushed until
-    /// [`ReplySink::uncork`] queue up and leave in one `writev` (a commit
+    /// [`ReplySink::uncork`] queue up and leave in one `sendmsg` (a commit
     /// releasing an epoch's replies). Returns whether the role was taken.
     fn cork(&self) -> bool {
         let mut outbox = self.outbox.lock();
@@ -167,7 +254,8 @@ impl ReplySink for Connection {
 
     /// A request of this connection is finished.
     fn finish_request(&self) {
-        self.inflight.fetch_sub(1, Ordering::AcqRel);
+        self.inflight.fetch_sub(1, Ordering::SeqCst);
+        self.wake_reader();
     }
 
     fn allocation(&self) -> bool {
@@ -175,13 +263,23 @@ impl ReplySink for Connection {
     }
 }
 
+/// How far a non-blocking send got.
+enum Sent {
+    /// Everything handed over went.
+    All,
+    /// The send buffer filled first.
+    Blocked,
+}
+
 impl Connection {
     fn push(&self, frame: Frame) {
         let mut outbox = self.outbox.lock();
         if outbox.broken {
+            drop(outbox);
+            self.release(frame.charge);
             return;
         }
-        outbox.pending.push(frame);
+        outbox.pending.push_back(frame);
         if outbox.sending {
             return;
         }
@@ -189,26 +287,178 @@ impl Connection {
         self.send_pending(outbox);
     }
 
-    /// As the sender: write pending frames until none are left.
-    fn send_pending<'a>(&'a self, mut outbox: parking_lot::MutexGuard<'a, Outbox>) {
+    /// As the sender: send pending frames without blocking until none are
+    /// left (the role ends) or the socket takes no more (the role passes
+    /// to the drainer).
+    fn send_pending<'a>(&'a self, mut outbox: MutexGuard<'a, Outbox>) {
         loop {
-            let batch = std::mem::take(&mut outbox.pending);
-            drop(outbox);
-            let written = write_frames(&self.out, &batch);
-            outbox = self.outbox.lock();
-            if let Err(e) = written {
-                tracing::debug!(conn = self.id, error = %e, "reply write failed; closing");
-                outbox.broken = true;
-                outbox.pending.clear();
-                outbox.sending = false;
-                let _ = self.out.shutdown(Shutdown::Both);
-                return;
-            }
             if outbox.pending.is_empty() {
                 outbox.sending = false;
                 return;
             }
+            let mut batch = std::mem::take(&mut outbox.pending);
+            let mut sent = std::mem::take(&mut outbox.sent);
+            drop(outbox);
+            let result = self.send_some(&mut batch, &mut sent);
+            outbox = self.outbox.lock();
+            restore(&mut outbox, batch, sent);
+            match result {
+                Err(e) => return self.cut(outbox, &format!("reply write failed: {e}")),
+                Ok(Sent::Blocked) => {
+                    outbox.draining = true;
+                    self.drain.notify_one();
+                    return;
+                }
+                Ok(Sent::All) => {}
+            }
         }
+    }
+
+    /// One `sendmsg` of (the start of) `batch`, `sent` bytes of its first
+    /// frame gone already: drops the frames that went, releasing their
+    /// charges.
+    fn send_some(&self, batch: &mut VecDeque<Frame>, sent: &mut usize) -> std::io::Result<Sent> {
+        let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(batch.len().min(512) * 2);
+        let mut offered = 0usize;
+        let mut skip = *sent;
+        for f in batch.iter() {
+            if slices.len() + 2 > 1024 {
+                break;
+            }
+            for part in [&f.head[..], &f.body[..]] {
+                let from = skip.min(part.len());
+                skip -= from;
+                if from < part.len() {
+                    slices.push(IoSlice::new(&part[from..]));
+                    offered += part.len() - from;
+                }
+            }
+        }
+        let n = self.out.send_nonblocking(&slices)?;
+        drop(slices);
+        let mut left = n + *sent;
+        let mut released = 0;
+        while let Some(f) = batch.front() {
+            if left < f.len() {
+                break;
+            }
+            left -= f.len();
+            released += f.charge;
+            batch.pop_front();
+        }
+        *sent = left;
+        self.release(released);
+        Ok(if n < offered {
+            Sent::Blocked
+        } else {
+            Sent::All
+        })
+    }
+
+    /// The drainer: while the send buffer is full, wait for room (up to
+    /// `send_timeout`) and send; cut the client that reads nothing.
+    fn drainer(&self) {
+        let limit = self.ctl.config.send_timeout;
+        let mut outbox = self.outbox.lock();
+        loop {
+            while !outbox.draining && !outbox.broken && !outbox.closing {
+                self.drain.wait(&mut outbox);
+            }
+            if outbox.broken || (!outbox.draining && outbox.closing) {
+                return;
+            }
+            let mut batch = std::mem::take(&mut outbox.pending);
+            let mut sent = std::mem::take(&mut outbox.sent);
+            drop(outbox);
+            let result = match self.out.wait_writable(limit) {
+                Ok(true) => self.send_some(&mut batch, &mut sent).map(Some),
+                Ok(false) => Ok(None),
+                Err(e) => Err(e),
+            };
+            outbox = self.outbox.lock();
+            restore(&mut outbox, batch, sent);
+            match result {
+                Err(e) => {
+                    self.cut(outbox, &format!("reply write failed: {e}"));
+                    outbox = self.outbox.lock();
+                }
+                Ok(None) => {
+                    self.ctl
+                        .metrics
+                        .slow_clients
+                        .fetch_add(1, Ordering::Relaxed);
+                    self.cut(
+                        outbox,
+                        &format!(
+                            "the client read no reply for {limit:?} (send_timeout); disconnecting it (its acknowledged writes are kept)"
+                        ),
+                    );
+                    outbox = self.outbox.lock();
+                }
+                Ok(Some(_)) if outbox.pending.is_empty() => {
+                    outbox.draining = false;
+                    outbox.sending = false;
+                }
+                Ok(Some(_)) => {}
+            }
+        }
+    }
+
+    /// End the connection: drop queued replies, shut the socket so its
+    /// readers stop, wake everyone waiting.
+    fn cut(&self, mut outbox: MutexGuard<'_, Outbox>, why: &str) {
+        if !outbox.broken {
+            tracing::warn!(conn = self.id, "{why}; closing the connection");
+        }
+        outbox.broken = true;
+        outbox.sending = false;
+        outbox.draining = false;
+        outbox.sent = 0;
+        let dropped: u64 = outbox.pending.drain(..).map(|f| f.charge).sum();
+        let _ = self.out.shutdown(Shutdown::Both);
+        self.drain.notify_all();
+        drop(outbox);
+        self.release(dropped);
+    }
+
+    /// Replies carrying `bytes` of charge have left (or were dropped).
+    fn release(&self, bytes: u64) {
+        if bytes > 0 {
+            self.charged.fetch_sub(bytes, Ordering::SeqCst);
+            self.wake_reader();
+        }
+    }
+
+    fn wake_reader(&self) {
+        if self.reader_waiting.load(Ordering::SeqCst) {
+            let _g = self.outbox.lock();
+            self.room.notify_all();
+        }
+    }
+
+    /// Wait until a request charging `charge` fits the budget and the
+    /// in-flight cap, then admit it: `false` if the connection was cut.
+    fn admit(&self, charge: u64) -> bool {
+        let budget = self.ctl.config.reply_budget;
+        let fits = || {
+            let charged = self.charged.load(Ordering::SeqCst);
+            self.inflight.load(Ordering::SeqCst) < INFLIGHT_PER_CONNECTION_MAX
+                && (charged == 0 || charged + charge <= budget)
+        };
+        if !fits() {
+            let mut outbox = self.outbox.lock();
+            self.reader_waiting.store(true, Ordering::SeqCst);
+            while !outbox.broken && !fits() {
+                self.room.wait_for(&mut outbox, Duration::from_millis(100));
+            }
+            self.reader_waiting.store(false, Ordering::SeqCst);
+            if outbox.broken {
+                return false;
+            }
+        }
+        self.charged.fetch_add(charge, Ordering::SeqCst);
+        self.inflight.fetch_add(1, Ordering::SeqCst);
+        true
     }
 
     fn wait_idle(&self) {
@@ -216,63 +466,153 @@ impl Connection {
             std::thread::sleep(Duration::from_micros(200));
         }
     }
+
+    /// Nothing in flight and nothing read for `idle_timeout`.
+    fn idle_expired(&self) -> bool {
+        let limit = self.ctl.config.idle_timeout;
+        let since = self.born.elapsed().saturating_sub(Duration::from_millis(
+            self.last_read_ms.load(Ordering::Relaxed),
+        ));
+        !limit.is_zero()
+            && since >= limit
+            && self.inflight.load(Ordering::SeqCst) == 0
+            && self.charged.load(Ordering::SeqCst) == 0
+    }
 }
 
-fn write_frames(mut out: &TcpStream, frames: &[Frame]) -> std::io::Result<()> {
-    let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(frames.len() * 2);
-    for f in frames {
-        slices.push(IoSlice::new(&f.head));
-        if !f.body.is_empty() {
-            slices.push(IoSlice::new(&f.body));
-        }
+/// Put what a send left back at the front of the queue.
+fn restore(outbox: &mut Outbox, mut batch: VecDeque<Frame>, sent: usize) {
+    if batch.is_empty() || outbox.broken {
+        // Cut meanwhile: what was left unsent is dropped (the connection
+        // admits nothing more, so its charge no longer matters).
+        return;
     }
-    let mut rest = &mut slices[..];
-    while !rest.is_empty() {
-        let n = out.write_vectored(rest)?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        IoSlice::advance_slices(&mut rest, n);
-    }
-    Ok(())
+    batch.append(&mut outbox.pending);
+    outbox.pending = batch;
+    outbox.sent = sent;
 }
 
-/// Serve one client socket until it disconnects.
-pub fn serve(ctl: Arc<Controller>, stream: TcpStream, id: u64) {
-    let _ = stream.set_nodelay(true);
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(HANDSHAKE_TIMEOUT_SECS)));
-    let mut hs = &stream;
-    let negotiated = match handshake::negotiate(&mut hs, &ctl.export) {
+/// A socket read under the handshake's deadline: every read and write
+/// gets the time left, so the whole negotiation ends by the deadline
+/// however the client trickles its bytes.
+struct Deadline<'a> {
+    s: &'a Socket,
+    until: Instant,
+}
+
+impl Deadline<'_> {
+    fn left(&self) -> std::io::Result<Duration> {
+        let left = self.until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the handshake did not finish in time (handshake_timeout)",
+            ));
+        }
+        Ok(left)
+    }
+}
+
+impl Read for Deadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.s.set_read_timeout(Some(self.left()?))?;
+        (&*self.s).read(buf)
+    }
+}
+
+impl std::io::Write for Deadline<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.s.set_write_timeout(Some(self.left()?))?;
+        (&*self.s).write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Negotiate with a new client within `handshake_timeout`: the socket to
+/// serve and what was agreed, or `None` (the client left, aborted, broke
+/// the protocol or ran out of time; logged).
+///
+/// `admit` is asked before the client enters transmission (see
+/// [`handshake::negotiate_with`]).
+pub fn negotiate(
+    ctl: &Controller,
+    socket: Socket,
+    id: u64,
+    admit: &mut dyn FnMut() -> Result<(), String>,
+) -> Option<(Socket, Negotiated)> {
+    let limit = ctl.config.handshake_timeout;
+    let mut hs = Deadline {
+        s: &socket,
+        until: Instant::now() + limit,
+    };
+    let negotiated = match handshake::negotiate_with(&mut hs, &ctl.export, admit) {
         Ok(Outcome::Transmission(n)) => n,
-        Ok(Outcome::Aborted) => return,
+        Ok(Outcome::Aborted) => return None,
+        Err(HandshakeError::Io(e))
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
+            ) =>
+        {
+            ctl.metrics
+                .handshake_timeouts
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::info!(conn = id, peer = %socket.peer_name(), ?limit, "the client did not finish its handshake in time; closing");
+            let _ = socket.shutdown(Shutdown::Both);
+            return None;
+        }
         Err(HandshakeError::Io(e)) => {
             tracing::debug!(conn = id, error = %e, "client left during the handshake");
-            return;
+            return None;
+        }
+        Err(HandshakeError::Refused(why)) => {
+            tracing::warn!(conn = id, peer = %socket.peer_name(), "{why}; closing the connection");
+            let _ = socket.shutdown(Shutdown::Both);
+            return None;
         }
         Err(e) => {
             tracing::warn!(conn = id, error = %e, "handshake failed; closing the connection");
             ctl.metrics.protocol_errors.fetch_add(1, Ordering::Relaxed);
-            let _ = stream.shutdown(Shutdown::Both);
-            return;
+            let _ = socket.shutdown(Shutdown::Both);
+            return None;
         }
     };
-    let _ = stream.set_read_timeout(None);
-    let Ok(out) = stream.try_clone() else { return };
-    let conn = Arc::new(Connection {
-        ctl,
-        structured: negotiated.structured,
-        allocation: negotiated.allocation,
-        out,
-        outbox: Mutex::new(Outbox::default()),
-        inflight: AtomicU32::new(0),
-        id,
-    });
+    let _ = socket.set_read_timeout(None);
+    let _ = socket.set_write_timeout(None);
+    Some((socket, negotiated))
+}
+
+/// Serve one negotiated client until it disconnects.
+pub fn serve(ctl: Arc<Controller>, socket: Socket, negotiated: Negotiated, id: u64) {
+    let Ok(out) = socket.try_clone() else { return };
+    let idle = ctl.config.idle_timeout;
+    if !idle.is_zero() {
+        // Reads wake this often to check for idleness.
+        let _ = socket.set_read_timeout(Some(idle.min(Duration::from_secs(1))));
+    }
+    let conn = Arc::new(Connection::new(ctl, out, negotiated, id));
     let input = Mutex::new(Input {
-        r: BufReader::with_capacity(CONNECTION_READ_BUFFER_BYTES, &stream),
+        r: BufReader::with_capacity(
+            CONNECTION_READ_BUFFER_BYTES,
+            Patient {
+                s: &socket,
+                conn: &conn,
+            },
+        ),
         done: false,
     });
     let threads = conn.ctl.config.connection_threads.max(1);
     let reason = std::thread::scope(|scope| {
+        let drainer = std::thread::Builder::new()
+            .name(format!("nbd-send-{id}"))
+            .spawn_scoped(scope, || conn.drainer());
+        if let Err(e) = &drainer {
+            tracing::warn!(conn = id, error = %e, "could not start the connection's sender; closing");
+            return Ok(());
+        }
         let helpers: Vec<_> = (1..threads)
             .filter_map(|k| {
                 let spawned = std::thread::Builder::new()
@@ -291,9 +631,14 @@ pub fn serve(ctl: Arc<Controller>, stream: TcpStream, id: u64) {
                 reason = theirs;
             }
         }
+        conn.wait_idle();
+        // Every reply is queued: let the drainer finish sending and leave.
+        let mut outbox = conn.outbox.lock();
+        outbox.closing = true;
+        conn.drain.notify_all();
+        drop(outbox);
         reason
     });
-    conn.wait_idle();
     if let Err(e) = reason {
         tracing::warn!(conn = id, error = %e, "closing the connection");
         conn.ctl
@@ -301,7 +646,47 @@ pub fn serve(ctl: Arc<Controller>, stream: TcpStream, id: u64) {
             .protocol_errors
             .fetch_add(1, Ordering::Relaxed);
     }
-    let _ = stream.shutdown(Shutdown::Both);
+    let _ = socket.shutdown(Shutdown::Both);
+}
+
+/// The connection's socket as its readers see it: a read that times out
+/// (the idle check's tick) is retried until the connection is idle past
+/// `idle_timeout`; every byte read is activity.
+struct Patient<'a> {
+    s: &'a Socket,
+    conn: &'a Connection,
+}
+
+impl Read for Patient<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        loop {
+            match (&*self.s).read(buf) {
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    if self.conn.idle_expired() {
+                        tracing::info!(
+                            conn = self.conn.id,
+                            idle_timeout = ?self.conn.ctl.config.idle_timeout,
+                            "connection idle; closing it"
+                        );
+                        return Err(e);
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                r => {
+                    if matches!(r, Ok(n) if n > 0) {
+                        let ms = self.conn.born.elapsed().as_millis() as u64;
+                        self.conn.last_read_ms.store(ms, Ordering::Relaxed);
+                    }
+                    return r;
+                }
+            }
+        }
+    }
 }
 
 /// Why the reader stopped for a protocol violation.
@@ -315,7 +700,7 @@ pub(crate) enum Violation {
 
 /// The read side of a connection, taken in turns by its threads.
 struct Input<'a> {
-    r: BufReader<&'a TcpStream>,
+    r: BufReader<Patient<'a>>,
     /// The client disconnected or violated the protocol: stop reading.
     done: bool,
 }
@@ -375,12 +760,12 @@ pub(crate) fn next_request(
     if header.kind == cmd::DISC {
         return Ok(None);
     }
-    while conn.inflight.load(Ordering::Acquire) >= INFLIGHT_PER_CONNECTION_MAX {
-        std::thread::sleep(Duration::from_micros(20));
+    if !conn.admit(charge_of(&header)) {
+        // Cut (a client that read no reply for send_timeout): stop.
+        return Ok(None);
     }
     let sink: Arc<dyn ReplySink> = Arc::clone(conn) as Arc<dyn ReplySink>;
     let mut req = Box::new(Request::new(Arc::clone(conn.ctl.engine()), sink, header));
-    conn.inflight.fetch_add(1, Ordering::AcqRel);
     let mut slots = 0;
     if header.kind == cmd::WRITE && header.length > 0 {
         match read_write_payload(&conn.ctl, &mut req, r) {

@@ -10,10 +10,14 @@
 //!
 //! | module | concept |
 //! |---|---|
-//! | [`listener`] | accepting clients, bounded by `--max-connections` |
-//! | [`connection`] | one connection: handshake, framing, admission, the reply outbox |
+//! | [`socket`] | a client's socket and its listener: TCP or Unix, non-blocking sends |
+//! | [`listener`] | accepting clients: negotiating ones bounded and timed, served ones by `--max-connections` |
+//! | [`connection`] | one connection: handshake, framing, admission, the reply outbox and its drainer |
 //! | [`partial`] | requests at any byte alignment turned into whole-track ones (read-modify-write) |
 
 pub mod connection;
 pub mod listener;
 pub mod partial;
+// System calls std lacks: sendmsg(MSG_DONTWAIT), poll, setsockopt, umask.
+#[allow(unsafe_code)]
+pub mod socket;

@@ -169,7 +169,7 @@ impl Exposition {
     }
 
     /// Connections, and how reads were served.
-    fn connection_and_cache_samples(&self) -> [Sample; 7] {
+    fn connection_and_cache_samples(&self) -> [Sample; 9] {
         let (o, g) = (&self.own, &self.gauges);
         [
             (
@@ -189,6 +189,18 @@ impl Exposition {
                 COUNTER,
                 "Connections closed for protocol violations.",
                 Value::Int(o.protocol_errors),
+            ),
+            (
+                "rebound_handshake_timeouts_total",
+                COUNTER,
+                "Connections closed for not finishing their handshake within handshake_timeout.",
+                Value::Int(o.handshake_timeouts),
+            ),
+            (
+                "rebound_slow_clients_total",
+                COUNTER,
+                "Connections closed because the client read no reply for send_timeout.",
+                Value::Int(o.slow_clients),
             ),
             (
                 "rebound_cache_hits_total",

@@ -71,6 +71,11 @@ pub struct Metrics {
     pub connections_total: AtomicU64,
     /// Connections closed for a protocol violation.
     pub protocol_errors: AtomicU64,
+    /// Connections that did not finish their handshake in time.
+    pub handshake_timeouts: AtomicU64,
+    /// Connections closed because the client read no reply for
+    /// `send_timeout`.
+    pub slow_clients: AtomicU64,
     /// Tracks written to the devices by destage.
     pub destaged_tracks: AtomicU64,
     /// Destage attempts that failed (retried).
@@ -93,6 +98,8 @@ impl Default for Metrics {
             connections: AtomicU64::new(0),
             connections_total: AtomicU64::new(0),
             protocol_errors: AtomicU64::new(0),
+            handshake_timeouts: AtomicU64::new(0),
+            slow_clients: AtomicU64::new(0),
             destaged_tracks: AtomicU64::new(0),
             destage_errors: AtomicU64::new(0),
             apply_rollbacks: AtomicU64::new(0),
@@ -172,6 +179,8 @@ struct Own {
     connections: u64,
     connections_total: u64,
     protocol_errors: u64,
+    handshake_timeouts: u64,
+    slow_clients: u64,
     destaged_tracks: u64,
     destage_errors: u64,
     apply_rollbacks: u64,
@@ -236,6 +245,8 @@ impl Metrics {
             connections: load(&self.connections),
             connections_total: load(&self.connections_total),
             protocol_errors: load(&self.protocol_errors),
+            handshake_timeouts: load(&self.handshake_timeouts),
+            slow_clients: load(&self.slow_clients),
             destaged_tracks: load(&self.destaged_tracks),
             destage_errors: load(&self.destage_errors),
             apply_rollbacks: load(&self.apply_rollbacks),

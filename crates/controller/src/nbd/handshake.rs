@@ -126,6 +126,9 @@ pub enum HandshakeError {
     /// NBD_OPT_EXPORT_NAME with a name we do not serve.
     #[error("NBD_OPT_EXPORT_NAME for unknown export {0:?}")]
     UnknownExport(String),
+    /// The server refused to serve the client (why).
+    #[error("refused: {0}")]
+    Refused(String),
 }
 
 fn read_u32(s: &mut impl Read) -> io::Result<u32> {
@@ -159,6 +162,19 @@ pub fn negotiate<S: Read + Write>(
     s: &mut S,
     export: &ExportInfo,
 ) -> Result<Outcome, HandshakeError> {
+    negotiate_with(s, export, &mut || Ok(()))
+}
+
+/// [`negotiate`], asking `admit` before a client enters the transmission
+/// phase (GO or EXPORT_NAME for a served export): an `Err` (why) refuses
+/// GO with `NBD_REP_ERR_POLICY` and that message (negotiation goes on; the
+/// client may retry or leave) and ends an EXPORT_NAME negotiation (it has
+/// no error reply). The listener uses it to take a served-client slot.
+pub fn negotiate_with<S: Read + Write>(
+    s: &mut S,
+    export: &ExportInfo,
+    admit: &mut dyn FnMut() -> Result<(), String>,
+) -> Result<Outcome, HandshakeError> {
     let mut hello = Vec::with_capacity(18);
     hello.extend_from_slice(&NBDMAGIC.to_be_bytes());
     hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
@@ -190,6 +206,9 @@ pub fn negotiate<S: Read + Write>(
                     structured,
                     allocation: allocation && structured,
                 };
+                if export.matches(&data) {
+                    admit().map_err(HandshakeError::Refused)?;
+                }
                 return export_name(s, export, &data, no_zeroes, negotiated);
             }
             opt::ABORT => {
@@ -198,7 +217,7 @@ pub fn negotiate<S: Read + Write>(
                 return Ok(Outcome::Aborted);
             }
             opt::LIST => list(s, export, &data),
-            opt::INFO | opt::GO => info_or_go(s, export, option, &data, structured)?,
+            opt::INFO | opt::GO => info_or_go(s, export, option, &data, structured, admit)?,
             opt::STRUCTURED_REPLY => {
                 if data.is_empty() {
                     structured = true;
@@ -386,6 +405,7 @@ fn info_or_go<S: Write>(
     option: u32,
     data: &[u8],
     structured: bool,
+    admit: &mut dyn FnMut() -> Result<(), String>,
 ) -> io::Result<Step> {
     let Some((name, requests)) = parse_info_request(data) else {
         error_reply(s, option, rep::ERR_INVALID, "malformed INFO/GO request")?;
@@ -398,6 +418,12 @@ fn info_or_go<S: Write>(
             export.name
         );
         error_reply(s, option, rep::ERR_UNKNOWN, &msg)?;
+        return Ok(Step::Continue);
+    }
+    if option == opt::GO
+        && let Err(why) = admit()
+    {
+        error_reply(s, option, rep::ERR_POLICY, &why)?;
         return Ok(Step::Continue);
     }
     let mut ex = Vec::with_capacity(10);

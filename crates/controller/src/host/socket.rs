@@ -1,0 +1,407 @@
+//! A client's socket and the listener it came from: TCP or a Unix stream
+//! socket, one type for the rest of the host adapter, and the system calls
+//! the reply path needs that `std` does not offer: a `sendmsg` that never
+//! blocks (`MSG_DONTWAIT`, per call, so the connection's reading threads
+//! keep blocking reads on the same socket) and a bounded wait for room in
+//! the send buffer (`poll`).
+
+use std::io::{self, IoSlice, Read, Write};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::config::Endpoint;
+
+/// A client connection.
+#[derive(Debug)]
+pub enum Socket {
+    /// Over TCP.
+    Tcp(TcpStream),
+    /// Over a Unix stream socket (a `unix:` listener, or the plaintext end
+    /// of a TLS session).
+    Unix(UnixStream),
+}
+
+impl Socket {
+    /// Another handle on the same socket.
+    pub fn try_clone(&self) -> io::Result<Self> {
+        Ok(match self {
+            Self::Tcp(s) => Self::Tcp(s.try_clone()?),
+            Self::Unix(s) => Self::Unix(s.try_clone()?),
+        })
+    }
+
+    /// Shut down one or both directions.
+    pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        match self {
+            Self::Tcp(s) => s.shutdown(how),
+            Self::Unix(s) => s.shutdown(how),
+        }
+    }
+
+    /// Time limit of each blocking read (`None`: none).
+    pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Self::Tcp(s) => s.set_read_timeout(t),
+            Self::Unix(s) => s.set_read_timeout(t),
+        }
+    }
+
+    /// Time limit of each blocking write (`None`: none).
+    pub fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Self::Tcp(s) => s.set_write_timeout(t),
+            Self::Unix(s) => s.set_write_timeout(t),
+        }
+    }
+
+    /// The peer's address, for the per-peer cap: every Unix-socket client
+    /// is one peer (`None`).
+    pub fn peer_ip(&self) -> Option<IpAddr> {
+        match self {
+            Self::Tcp(s) => s.peer_addr().ok().map(|a| a.ip()),
+            Self::Unix(_) => None,
+        }
+    }
+
+    /// The peer, for log lines.
+    pub fn peer_name(&self) -> String {
+        match self {
+            Self::Tcp(s) => s
+                .peer_addr()
+                .map_or_else(|_| "?".to_owned(), |a| a.to_string()),
+            Self::Unix(_) => "unix".to_owned(),
+        }
+    }
+
+    /// Tune a freshly accepted socket: no Nagle delay (replies are
+    /// batched already), and TCP keepalive after `keepalive` idle (zero:
+    /// off) so a vanished peer is found.
+    pub fn tune(&self, keepalive: Duration) {
+        let Self::Tcp(s) = self else { return };
+        let _ = s.set_nodelay(true);
+        if keepalive.is_zero() {
+            return;
+        }
+        let idle = libc::c_int::try_from(keepalive.as_secs().max(1)).unwrap_or(libc::c_int::MAX);
+        for (level, opt, value) in [
+            (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
+            (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, idle),
+            (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 10),
+            (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 6),
+        ] {
+            // SAFETY: setsockopt reads `size_of::<c_int>()` bytes from
+            // `value`, a c_int on our stack, on a socket we own.
+            let rc = unsafe {
+                libc::setsockopt(
+                    s.as_raw_fd(),
+                    level,
+                    opt,
+                    (&raw const value).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            if rc != 0 {
+                tracing::debug!(error = %io::Error::last_os_error(), opt, "setting TCP keepalive failed");
+            }
+        }
+    }
+
+    /// Send as much of `slices` as the send buffer takes now, without
+    /// blocking: the bytes sent (`Ok(0)` when the buffer is full).
+    pub fn send_nonblocking(&self, slices: &[IoSlice<'_>]) -> io::Result<usize> {
+        let iov_max = 1024;
+        let n = slices.len().min(iov_max);
+        // SAFETY: an all-zero msghdr is valid (no name, no control data).
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        // IoSlice is ABI-compatible with iovec (std guarantees it on Unix);
+        // sendmsg only reads the `n` iovecs and the bytes they describe,
+        // all borrowed from `slices` for the call.
+        msg.msg_iov = slices.as_ptr().cast_mut().cast();
+        msg.msg_iovlen = n as _;
+        loop {
+            // SAFETY: `msg` points at `n` valid iovecs (see above); the fd
+            // is this socket's, open for the duration of the call.
+            let rc = unsafe {
+                libc::sendmsg(
+                    self.as_raw_fd(),
+                    &raw const msg,
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                )
+            };
+            if rc >= 0 {
+                return Ok(rc as usize);
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted => {}
+                io::ErrorKind::WouldBlock => return Ok(0),
+                _ => return Err(e),
+            }
+        }
+    }
+
+    /// Wait up to `limit` for room in the send buffer: whether there is
+    /// (false: the client read nothing for that long).
+    pub fn wait_writable(&self, limit: Duration) -> io::Result<bool> {
+        let mut pfd = libc::pollfd {
+            fd: self.as_raw_fd(),
+            events: libc::POLLOUT,
+            revents: 0,
+        };
+        let ms = libc::c_int::try_from(limit.as_millis()).unwrap_or(libc::c_int::MAX);
+        loop {
+            // SAFETY: poll reads and writes the one pollfd we pass.
+            let rc = unsafe { libc::poll(&raw mut pfd, 1, ms) };
+            if rc >= 0 {
+                // POLLERR/POLLHUP count as writable: the next send reports it.
+                return Ok(rc > 0);
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+}
+
+impl AsRawFd for Socket {
+    fn as_raw_fd(&self) -> RawFd {
+        match self {
+            Self::Tcp(s) => s.as_raw_fd(),
+            Self::Unix(s) => s.as_raw_fd(),
+        }
+    }
+}
+
+impl Read for &Socket {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Socket::Tcp(s) => (&*s).read(buf),
+            Socket::Unix(s) => (&*s).read(buf),
+        }
+    }
+}
+
+impl Write for &Socket {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Socket::Tcp(s) => (&*s).write(buf),
+            Socket::Unix(s) => (&*s).write(buf),
+        }
+    }
+
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Socket::Tcp(s) => (&*s).write_vectored(bufs),
+            Socket::Unix(s) => (&*s).write_vectored(bufs),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A listening socket.
+#[derive(Debug)]
+pub enum Listener {
+    /// TCP.
+    Tcp(TcpListener),
+    /// A Unix stream socket; the path is removed when the listener goes,
+    /// if it is still the socket this listener bound.
+    Unix {
+        /// The socket.
+        listener: UnixListener,
+        /// Its path.
+        path: PathBuf,
+        /// Device and inode of the socket file bound (None: inherited).
+        bound: Option<(u64, u64)>,
+    },
+}
+
+impl Listener {
+    /// Bind `endpoint`; a Unix socket file gets `mode`. An existing path
+    /// is replaced only when it is a socket no one answers on (a dead
+    /// server's); a live socket or any other file is an error naming it.
+    pub fn bind(endpoint: &Endpoint, mode: u32) -> io::Result<Self> {
+        match endpoint {
+            Endpoint::Tcp(a) => TcpListener::bind(a).map(Self::Tcp),
+            Endpoint::Unix(path) => bind_unix(path, mode),
+        }
+    }
+
+    /// Where it listens.
+    pub fn endpoint(&self) -> io::Result<Endpoint> {
+        Ok(match self {
+            Self::Tcp(l) => Endpoint::Tcp(l.local_addr()?),
+            Self::Unix { path, .. } => Endpoint::Unix(path.clone()),
+        })
+    }
+
+    /// Accept the next client.
+    pub fn accept(&self) -> io::Result<Socket> {
+        match self {
+            Self::Tcp(l) => l.accept().map(|(s, _)| Socket::Tcp(s)),
+            Self::Unix { listener, .. } => listener.accept().map(|(s, _)| Socket::Unix(s)),
+        }
+    }
+
+    /// Connect to it once (to wake a blocked accept at shutdown).
+    pub fn poke(endpoint: &Endpoint) {
+        match endpoint {
+            Endpoint::Tcp(a) => {
+                let _ = TcpStream::connect_timeout(&wake_addr(*a), Duration::from_secs(1));
+            }
+            Endpoint::Unix(p) => {
+                let _ = UnixStream::connect(p);
+            }
+        }
+    }
+
+    /// Blocking accepts.
+    pub fn set_blocking(&self) -> io::Result<()> {
+        match self {
+            Self::Tcp(l) => l.set_nonblocking(false),
+            Self::Unix { listener, .. } => listener.set_nonblocking(false),
+        }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        if let Self::Unix {
+            path,
+            bound: Some(id),
+            ..
+        } = self
+            && file_id(path).ok() == Some(*id)
+        {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// The address to connect to for `a`: a wildcard bind is reached on
+/// loopback.
+fn wake_addr(a: SocketAddr) -> SocketAddr {
+    let ip = match a.ip() {
+        IpAddr::V4(v4) if v4.is_unspecified() => IpAddr::from([127, 0, 0, 1]),
+        IpAddr::V6(v6) if v6.is_unspecified() => IpAddr::from(std::net::Ipv6Addr::LOCALHOST),
+        ip => ip,
+    };
+    SocketAddr::new(ip, a.port())
+}
+
+fn file_id(path: &Path) -> io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(path)?;
+    Ok((m.dev(), m.ino()))
+}
+
+/// Bind a Unix listener at `path` with `mode`, replacing only a stale
+/// socket.
+fn bind_unix(path: &Path, mode: u32) -> io::Result<Listener> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => {
+            if UnixStream::connect(path).is_ok() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("{}: another server is listening on it", path.display()),
+                ));
+            }
+            // A dead server's socket: nobody answers on it.
+            std::fs::remove_file(path)?;
+        }
+        Ok(_) => {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!(
+                    "{} exists and is not a socket; refusing to replace it",
+                    path.display()
+                ),
+            ));
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    // Bind with no access for anyone, then open up to `mode`: the socket
+    // is never briefly wider than asked.
+    let listener = with_umask(0o777, || UnixListener::bind(path))
+        .map_err(|e| io::Error::new(e.kind(), format!("binding {}: {e}", path.display())))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    let bound = Some(file_id(path)?);
+    Ok(Listener::Unix {
+        listener,
+        path: path.to_owned(),
+        bound,
+    })
+}
+
+/// Run `f` with the process umask set to `mask`. The umask is process
+/// wide: this runs at start-up, before the server creates other files.
+fn with_umask<T>(mask: libc::mode_t, f: impl FnOnce() -> T) -> T {
+    // SAFETY: umask only swaps the process's file-creation mask.
+    let old = unsafe { libc::umask(mask) };
+    let out = f();
+    // SAFETY: as above, restoring the previous mask.
+    unsafe { libc::umask(old) };
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    #[test]
+    fn a_unix_listener_gets_its_mode_and_replaces_only_a_stale_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nbd.sock");
+        let e = Endpoint::Unix(path.clone());
+        let l = Listener::bind(&e, 0o600).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().mode() & 0o777, 0o600);
+        // A live socket is not taken over.
+        let err = Listener::bind(&e, 0o600).unwrap_err();
+        assert!(err.to_string().contains("another server"), "{err}");
+        drop(l);
+        assert!(!path.exists(), "the listener removes its own socket");
+        // A stale one (a dead server's: bound, closed, left behind) is.
+        drop(UnixListener::bind(&path).unwrap());
+        assert!(path.exists());
+        let l2 = Listener::bind(&e, 0o660).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().mode() & 0o777, 0o660);
+        drop(l2);
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn a_regular_file_at_the_socket_path_is_never_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nbd.sock");
+        std::fs::write(&path, b"keep me").unwrap();
+        let err = Listener::bind(&Endpoint::Unix(path.clone()), 0o600).unwrap_err();
+        assert!(err.to_string().contains("not a socket"), "{err}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"keep me");
+    }
+
+    #[test]
+    fn a_nonblocking_send_into_a_full_buffer_sends_nothing_and_poll_times_out() {
+        let (a, _b) = UnixStream::pair().unwrap();
+        let s = Socket::Unix(a);
+        let chunk = vec![7u8; 1 << 16];
+        let mut total = 0;
+        loop {
+            let n = s.send_nonblocking(&[IoSlice::new(&chunk)]).unwrap();
+            if n == 0 {
+                break;
+            }
+            total += n;
+            assert!(total < 1 << 30, "the peer never reads: the buffer fills");
+        }
+        assert!(!s.wait_writable(Duration::from_millis(50)).unwrap());
+    }
+}
