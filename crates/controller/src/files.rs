@@ -116,6 +116,19 @@ pub fn read_state_file(path: &Path) -> io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// Create the temporary file `tmp` (to be renamed over a state file): a
+/// leftover of an interrupted write (or a link planted there) is removed,
+/// never followed, then the file is created new ([`Create::New`]). What is
+/// at `tmp` and cannot be removed (a directory) is an error naming it.
+pub fn create_temporary(tmp: &Path) -> io::Result<File> {
+    match std::fs::remove_file(tmp) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(named(tmp, e)),
+    }
+    open_state_file(tmp, Create::New)
+}
+
 /// Refuse (an error naming `path`) a descriptor that is not a regular file
 /// or is owned by another uid than the server's effective one.
 pub fn check_owned_regular(file: &File, path: &Path) -> io::Result<()> {
