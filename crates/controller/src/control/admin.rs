@@ -35,6 +35,17 @@
 //! | `inject power-loss` | the process ends as at a power cut: device writes no sync covered are undone at random, the NVS is lost unless it is persistent with `--flush nvs`, the recovery box is lost (needs `--power-loss-tracking`) |
 //! | `inject clear` | disarm every fault point, group injection and device fault |
 //!
+//! # Who may use it
+//!
+//! The socket is created mode `0600` and every client's uid is checked
+//! (`SO_PEERCRED`): only the server's own effective uid and root get an
+//! answer; anyone else reads `error: permission denied: ...` and the
+//! request is not run (a warning is logged). At start-up an existing path
+//! is replaced only if it is a stale socket nobody answers; a live one is
+//! another server's, and any other file is an error and is kept. On
+//! shutdown the socket is removed only if it is still the one this server
+//! bound. The rules are in [`crate::control::socket`].
+//!
 //! The fault points and the grammar of `inject` are declared once, in
 //! [`crate::faults`]; [`crate::engine::inject::arm`] arms them. Defaults:
 //! `rate=1`, `count=1` for fault points; `rate=1e-4`, `duration=20ms` for

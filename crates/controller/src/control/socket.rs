@@ -229,3 +229,88 @@ pub fn may_use(uid: u32) -> bool {
 fn named(path: &Path, what: &str, e: io::Error) -> io::Error {
     io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode_of(path: &Path) -> u32 {
+        std::fs::symlink_metadata(path).unwrap().permissions().mode() & 0o7777
+    }
+
+    #[test]
+    fn a_bound_socket_is_0600_and_leaves_no_staging_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("admin.sock");
+        let (_listener, file) = bind_private(&path).unwrap();
+        assert_eq!(mode_of(&path), SOCKET_MODE);
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(left.len(), 1, "only the socket: {left:?}");
+        UnixStream::connect(&path).expect("the socket answers where it was put");
+        file.remove_if_ours();
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn a_stale_socket_is_replaced_and_a_live_one_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("admin.sock");
+        drop(UnixListener::bind(&path).unwrap());
+        assert!(path.exists(), "a listener's drop leaves its file: stale");
+        let (live, _file) = bind_private(&path).unwrap();
+        let err = bind_private(&path).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::AddrInUse);
+        assert_eq!(
+            err.to_string(),
+            format!("another server is using {}", path.display())
+        );
+        drop(live);
+    }
+
+    #[test]
+    fn a_file_directory_or_link_at_the_socket_path_is_kept_and_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("file");
+        std::fs::write(&file, b"keep me").unwrap();
+        let sub = dir.path().join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        for (path, what) in [
+            (&file, "a regular file"),
+            (&sub, "a directory"),
+            (&link, "a symbolic link"),
+        ] {
+            let err = bind_private(path).unwrap_err().to_string();
+            assert!(
+                err.contains(&*path.to_string_lossy()) && err.contains(what),
+                "{err}"
+            );
+            assert!(std::fs::symlink_metadata(path).is_ok(), "{path:?} kept");
+        }
+        assert_eq!(std::fs::read(&file).unwrap(), b"keep me");
+    }
+
+    #[test]
+    fn remove_if_ours_leaves_a_socket_bound_by_someone_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("admin.sock");
+        let (first, file) = bind_private(&path).unwrap();
+        // Another server took the path over after ours was moved away
+        // (kept, so that its inode number is not reused at once).
+        drop(first);
+        std::fs::rename(&path, dir.path().join("moved.sock")).unwrap();
+        let (_second, _) = bind_private(&path).unwrap();
+        file.remove_if_ours();
+        assert!(path.exists(), "the newer server's socket stays");
+    }
+
+    #[test]
+    fn peer_uid_is_our_own_uid_and_may_use_allows_it_and_root_only() {
+        let (a, _b) = UnixStream::pair().unwrap();
+        assert_eq!(peer_uid(&a).unwrap(), crate::files::euid());
+        assert!(may_use(crate::files::euid()));
+        assert!(may_use(0));
+        assert!(!may_use(65534) || crate::files::euid() == 65534);
+    }
+}
