@@ -337,7 +337,11 @@ mod tests {
     }
 
     fn mode_of(path: &Path) -> u32 {
-        std::fs::symlink_metadata(path).unwrap().permissions().mode() & 0o7777
+        std::fs::symlink_metadata(path)
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777
     }
 
     #[test]
@@ -394,7 +398,10 @@ mod tests {
         assert!(err.to_string().contains("symbolic link"), "{err}");
         assert_eq!(std::fs::read(&target).unwrap(), b"precious");
         assert_eq!(mode_of(&target), 0o644);
-        assert!(!dir.path().join("nowhere").exists(), "nothing created through the link");
+        assert!(
+            !dir.path().join("nowhere").exists(),
+            "nothing created through the link"
+        );
     }
 
     #[test]
@@ -423,14 +430,20 @@ mod tests {
         let sub = dir.path().join("sub");
         std::fs::create_dir(&sub).unwrap();
         let err = read_state_file(&sub).unwrap_err();
-        assert!(err.to_string().contains("not a regular file (a directory)"), "{err}");
+        assert!(
+            err.to_string().contains("not a regular file (a directory)"),
+            "{err}"
+        );
         let fifo = dir.path().join("fifo");
         let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
         // SAFETY: a NUL-terminated path and a mode; no memory of ours kept.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         // Read-only, without O_NONBLOCK, this open would wait for a writer.
         let err = read_state_file(&fifo).unwrap_err();
-        assert!(err.to_string().contains("not a regular file (a FIFO)"), "{err}");
+        assert!(
+            err.to_string().contains("not a regular file (a FIFO)"),
+            "{err}"
+        );
         let err = open_state_file(&fifo, Create::IfMissing).unwrap_err();
         assert!(err.to_string().contains(&*fifo.to_string_lossy()), "{err}");
     }
@@ -443,7 +456,10 @@ mod tests {
             open_state_file(&path, Create::Never).unwrap_err().kind(),
             io::ErrorKind::NotFound
         );
-        assert_eq!(read_state_file(&path).unwrap_err().kind(), io::ErrorKind::NotFound);
+        assert_eq!(
+            read_state_file(&path).unwrap_err().kind(),
+            io::ErrorKind::NotFound
+        );
     }
 
     #[test]
@@ -470,7 +486,11 @@ mod tests {
             text.contains(&*data.to_string_lossy()) && text.contains("owned by uid 65534"),
             "{text}"
         );
-        assert_eq!(mode_of(&data), 0o755, "another user's directory is left alone");
+        assert_eq!(
+            mode_of(&data),
+            0o755,
+            "another user's directory is left alone"
+        );
         let file = dir.path().join("file");
         std::fs::write(&file, b"").unwrap();
         assert!(private_dir(&file).is_err());

@@ -37,7 +37,10 @@ pub(crate) fn open_private(path: &Path, create: bool) -> io::Result<File> {
     if !meta.file_type().is_file() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            format!("{} is not a regular file; refusing to use it", path.display()),
+            format!(
+                "{} is not a regular file; refusing to use it",
+                path.display()
+            ),
         ));
     }
     // SAFETY: geteuid has no preconditions and cannot fail.
@@ -62,7 +65,10 @@ fn refusal(path: &Path, e: io::Error) -> io::Error {
     if link {
         io::Error::new(
             io::ErrorKind::InvalidInput,
-            format!("{} is a symbolic link; refusing to follow it", path.display()),
+            format!(
+                "{} is a symbolic link; refusing to follow it",
+                path.display()
+            ),
         )
     } else {
         e

@@ -256,7 +256,10 @@ fn a_created_box_is_mode_0600() {
     use std::os::unix::fs::PermissionsExt;
     let (d, b) = fresh();
     let mode = std::fs::metadata(b.path()).unwrap().permissions().mode() & 0o7777;
-    assert_eq!(mode, 0o600, "the box holds state another user must not read");
+    assert_eq!(
+        mode, 0o600,
+        "the box holds state another user must not read"
+    );
     drop(d);
 }
 
@@ -269,8 +272,10 @@ fn a_symlink_at_the_box_path_is_refused_and_its_target_untouched() {
     std::os::unix::fs::symlink(&target, &path).unwrap();
     let err = RecoveryBox::create(&path, small()).unwrap_err();
     assert!(
-        err.to_string()
-            .contains(&format!("{} is a symbolic link; refusing to follow it", path.display())),
+        err.to_string().contains(&format!(
+            "{} is a symbolic link; refusing to follow it",
+            path.display()
+        )),
         "{err}"
     );
     let err = RecoveryBox::open(&path).unwrap_err();

@@ -52,9 +52,8 @@ impl SocketFile {
     /// Remove the path if it is still the socket we bound (same device and
     /// inode); anything else there is left alone.
     pub fn remove_if_ours(&self) {
-        let ours = std::fs::symlink_metadata(&self.path).is_ok_and(|m| {
-            m.file_type().is_socket() && m.dev() == self.dev && m.ino() == self.ino
-        });
+        let ours = std::fs::symlink_metadata(&self.path)
+            .is_ok_and(|m| m.file_type().is_socket() && m.dev() == self.dev && m.ino() == self.ino);
         if ours {
             let _ = std::fs::remove_file(&self.path);
         }
@@ -84,7 +83,10 @@ pub fn bind_private(path: &Path) -> io::Result<(UnixListener, SocketFile)> {
         if e.kind() == io::ErrorKind::AlreadyExists {
             io::Error::new(
                 e.kind(),
-                format!("{} appeared while binding the admin socket; not replacing it", path.display()),
+                format!(
+                    "{} appeared while binding the admin socket; not replacing it",
+                    path.display()
+                ),
             )
         } else {
             named(path, "cannot move the admin socket to", e)
@@ -235,7 +237,11 @@ mod tests {
     use super::*;
 
     fn mode_of(path: &Path) -> u32 {
-        std::fs::symlink_metadata(path).unwrap().permissions().mode() & 0o7777
+        std::fs::symlink_metadata(path)
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777
     }
 
     #[test]

@@ -279,8 +279,8 @@ impl Nvs {
             source,
         };
         // 0600, no symbolic link followed, ours (crate::files).
-        let file = crate::files::open_state_file(path, crate::files::Create::IfMissing)
-            .map_err(io)?;
+        let file =
+            crate::files::open_state_file(path, crate::files::Create::IfMissing).map_err(io)?;
         match file.try_lock() {
             Ok(()) => {}
             Err(std::fs::TryLockError::WouldBlock) => {

@@ -511,7 +511,8 @@ impl Volume {
         };
         let label_path = dir.join("volume.toml");
         let read = crate::files::read_state_file(&label_path).and_then(|b| {
-            String::from_utf8(b).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+            String::from_utf8(b)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
         });
         let label = match read {
             Ok(text) => {
