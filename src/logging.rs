@@ -7,7 +7,7 @@
 //! prefix (`<3>` error ... `<7>` debug) that journald reads as the
 //! entry's priority, so `journalctl -p warning` works.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -43,8 +43,12 @@ impl LogFile {
         self.file.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Opened as every state file is (mode 0600, no symbolic link
+    /// followed, refused unless it is our own regular file), appending.
     fn open(path: &Path) -> std::io::Result<File> {
-        OpenOptions::new().create(true).append(true).open(path)
+        let mut opts = controller::files::state_options(controller::files::Create::IfMissing, 0);
+        opts.append(true);
+        controller::files::open_with(path, &opts)
     }
 }
 

@@ -120,7 +120,7 @@ fn refuse_if_running(admin: &Path, nvs: &Path) -> anyhow::Result<Option<std::fs:
             admin.display()
         );
     }
-    let file = match std::fs::OpenOptions::new().read(true).write(true).open(nvs) {
+    let file = match controller::files::open_state_file(nvs, controller::files::Create::Never) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e).with_context(|| format!("opening the NVS {}", nvs.display())),

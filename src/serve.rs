@@ -616,7 +616,7 @@ fn write_task_trace(config: &controller::Config, ctl: &Controller) {
         return;
     };
     let tmp = path.with_extension("trace.tmp");
-    let written = std::fs::File::create(&tmp)
+    let written = controller::files::create_temporary(&tmp)
         .and_then(|f| trace.write_csv(std::io::BufWriter::new(f)))
         .and_then(|()| std::fs::rename(&tmp, path));
     if let Err(e) = written {

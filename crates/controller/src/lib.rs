@@ -40,7 +40,7 @@
 //! | [`host`] | the listener and connections |
 //! | [`control`] | admin socket, status, metrics endpoint |
 //! | [`faults`] | every injectable fault, declared once |
-//! | [`files`] | creating the controller's state files (preallocation) |
+//! | [`files`] | opening the state files privately (0600, `O_NOFOLLOW`, owner and type checked), the 0700 data directory, preallocation, directory syncs |
 //! | [`recovery`] | the recovery log: every recovery, its rung, cause and duration |
 //! | [`metrics`] | counters and histograms, their Prometheus text |
 //! | [`units`] | the one size and duration grammar |

@@ -79,6 +79,7 @@ mod checksum;
 #[cfg(test)]
 mod crash_tests;
 mod error;
+mod file;
 mod inspect;
 pub mod layout;
 pub mod ops;

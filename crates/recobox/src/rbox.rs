@@ -1,7 +1,7 @@
 //! The recovery box: create, open (validate and recover), and the item and
 //! type operations of the paper's Table 4.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use parking_lot::Mutex;
@@ -70,12 +70,7 @@ impl std::fmt::Debug for RecoveryBox {
 }
 
 fn open_file(path: &Path, create: bool) -> std::io::Result<Result<File, std::io::Error>> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(create)
-        .truncate(false)
-        .open(path)?;
+    let file = crate::file::open_private(path, create)?;
     Ok(match file.try_lock() {
         Ok(()) => Ok(file),
         Err(std::fs::TryLockError::WouldBlock) => Err(std::io::Error::new(
@@ -87,7 +82,10 @@ fn open_file(path: &Path, create: bool) -> std::io::Result<Result<File, std::io:
 }
 
 impl RecoveryBox {
-    /// Create a fresh, empty box at `path` (replacing whatever was there).
+    /// Create a fresh, empty box at `path` (mode 0600), replacing a box
+    /// file of ours that was there; a symbolic link, another user's file or
+    /// anything but a regular file at `path` is refused and left as it is
+    /// (see `file.rs`).
     pub fn create(path: &Path, options: CreateOptions) -> Result<Self, CreateError> {
         let io = |source| CreateError::Io {
             path: path.to_owned(),
@@ -134,7 +132,9 @@ impl RecoveryBox {
     }
 
     /// Open an existing box: roll back an interrupted operation, validate
-    /// everything, and return it, or the reason it cannot be trusted.
+    /// everything, and return it, or the reason it cannot be trusted. The
+    /// file is refused as by [`RecoveryBox::create`] unless it is our own
+    /// regular file.
     pub fn open(path: &Path) -> Result<Self, OpenError> {
         let io = |source| OpenError::Io {
             path: path.to_owned(),

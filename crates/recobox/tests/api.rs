@@ -243,3 +243,62 @@ fn an_invalidated_box_is_not_trusted_on_open() {
         other => panic!("invalidated box opened: {other:?}"),
     }
 }
+
+fn small() -> CreateOptions {
+    CreateOptions {
+        size_bytes: 1 << 20,
+        type_slots: 4,
+    }
+}
+
+#[test]
+fn a_created_box_is_mode_0600() {
+    use std::os::unix::fs::PermissionsExt;
+    let (d, b) = fresh();
+    let mode = std::fs::metadata(b.path()).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(
+        mode, 0o600,
+        "the box holds state another user must not read"
+    );
+    drop(d);
+}
+
+#[test]
+fn a_symlink_at_the_box_path_is_refused_and_its_target_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("precious");
+    std::fs::write(&target, b"not a box").unwrap();
+    let path = dir.path().join("box");
+    std::os::unix::fs::symlink(&target, &path).unwrap();
+    let err = RecoveryBox::create(&path, small()).unwrap_err();
+    assert!(
+        err.to_string().contains(&format!(
+            "{} is a symbolic link; refusing to follow it",
+            path.display()
+        )),
+        "{err}"
+    );
+    let err = RecoveryBox::open(&path).unwrap_err();
+    assert!(matches!(err, OpenError::Io { .. }), "{err}");
+    assert!(err.to_string().contains("is a symbolic link"), "{err}");
+    assert_eq!(std::fs::read(&target).unwrap(), b"not a box");
+}
+
+#[test]
+fn a_box_file_owned_by_another_user_is_refused_and_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("box");
+    drop(RecoveryBox::create(&path, small()).unwrap());
+    let before = std::fs::read(&path).unwrap();
+    std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
+    for err in [
+        RecoveryBox::create(&path, small()).unwrap_err().to_string(),
+        RecoveryBox::open(&path).unwrap_err().to_string(),
+    ] {
+        assert!(
+            err.contains(&*path.to_string_lossy()) && err.contains("owned by uid 65534"),
+            "{err}"
+        );
+    }
+    assert_eq!(std::fs::read(&path).unwrap(), before, "not truncated");
+}

@@ -33,7 +33,7 @@
 //! 32  the bits: u64 words, bit (t % 64) of word (t / 64) is track t
 //! ```
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -85,7 +85,12 @@ impl AllocMap {
         let path = dir.join(FILE_NAME);
         let len = HEADER_BYTES + words_for(tracks) * 8;
         let expected = header(volume_id, tracks);
-        let fits = std::fs::read(&path).ok().filter(|b| b.len() == len);
+        let fits = match crate::files::read_state_file(&path) {
+            Ok(b) => Some(b).filter(|b| b.len() == len),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            // A link, another user's file: refused, never replaced.
+            Err(e) => return Err(e),
+        };
         let problem = match &fits {
             None if !new_volume => Some("missing or of the wrong size"),
             Some(b) if b[..HEADER_BYTES] != expected && !new_volume => {
@@ -103,7 +108,7 @@ impl AllocMap {
             }
             Self::create(dir, &path, &expected, len, !new_volume)?;
         }
-        let file = OpenOptions::new().read(true).write(true).open(&path)?;
+        let file = crate::files::open_state_file(&path, crate::files::Create::Never)?;
         Self::map(file, tracks, path)
     }
 
@@ -112,7 +117,7 @@ impl AllocMap {
         let tmp = dir.join(format!("{FILE_NAME}.tmp"));
         let mut bytes = vec![if set { 0xff } else { 0 }; len];
         bytes[..HEADER_BYTES].copy_from_slice(header);
-        let mut f = File::create(&tmp)?;
+        let mut f = crate::files::create_temporary(&tmp)?;
         io::Write::write_all(&mut f, &bytes)?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)?;

@@ -6,9 +6,9 @@
 //! service time (see [`LatencyConfig`]) is charged by the
 //! caller, which defers its continuation instead of sleeping on a worker.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -39,7 +39,7 @@ struct AlignedBlock([u8; TRACK_BYTES]);
 const _: () = assert!(std::mem::align_of::<AlignedBlock>() == TRACK_BYTES);
 const _: () = assert!(std::mem::size_of::<AlignedBlock>() == TRACK_BYTES);
 
-/// A file (or block device) used as a backend device.
+/// A regular file used as a backend device.
 #[derive(Debug)]
 pub struct FileDevice {
     file: File,
@@ -51,14 +51,13 @@ pub struct FileDevice {
 impl FileDevice {
     /// Open `path`, creating it with `capacity` bytes if it does not exist
     /// (and syncing its directory, so the new file is durable).
-    /// An existing file must have exactly `capacity` bytes.
+    /// An existing file must have exactly `capacity` bytes. Opened as every
+    /// state file is ([`crate::files::open_with`]): mode 0600, a symbolic
+    /// link, another user's file or anything but a regular file refused.
     pub fn open_or_create(path: &Path, capacity: u64, direct: bool) -> io::Result<Self> {
-        let mut opts = OpenOptions::new();
-        opts.read(true).write(true).create(true).truncate(false);
-        if direct {
-            opts.custom_flags(libc::O_DIRECT);
-        }
-        let file = opts.open(path)?;
+        let extra = if direct { libc::O_DIRECT } else { 0 };
+        let opts = crate::files::state_options(crate::files::Create::IfMissing, extra);
+        let file = crate::files::open_with(path, &opts)?;
         let len = file.metadata()?.len();
         if len == 0 {
             crate::files::reserve(&file, capacity)?;

@@ -92,12 +92,7 @@ impl PartialParityLog {
     /// entries empty, `dir` synced so the new file lasts) when missing.
     pub fn open(dir: &Path, entries: usize) -> std::io::Result<Self> {
         let path = dir.join("ppl.log");
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)?;
+        let file = crate::files::open_state_file(&path, crate::files::Create::IfMissing)?;
         let len = (entries * ENTRY_BYTES) as u64;
         let had = file.metadata()?.len();
         if had < len {

@@ -168,12 +168,9 @@ impl PseudoDevice {
         }
         if scheme == OutputCommit::Buffering {
             let path = dir.join("output-commit.buffer");
-            let file = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&path)?;
+            // Emptied only once it passed the checks (never O_TRUNC).
+            let file = crate::files::open_state_file(&path, crate::files::Create::IfMissing)?;
+            file.set_len(0)?;
             state.buffer = Some(BufferArea {
                 file,
                 path,

@@ -23,7 +23,7 @@
 //! a rename slot whose data fails the entry's data checksum is a read
 //! error, never wrong data.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -212,14 +212,10 @@ impl RenameMap {
     /// volume of `tracks` in `dir` and load its committed entries.
     pub fn open(dir: &Path, tracks: u64) -> Result<Self, RenameMapError> {
         let (map_path, area_path) = Self::paths(dir);
-        let opts = || {
-            let mut o = OpenOptions::new();
-            o.read(true).write(true).create(true).truncate(false);
-            o
-        };
+        let open = |p: &Path| crate::files::open_state_file(p, crate::files::Create::IfMissing);
         let created = !map_path.exists() || !area_path.exists();
-        let map = opts().open(&map_path).map_err(io(&map_path))?;
-        let area = opts().open(&area_path).map_err(io(&area_path))?;
+        let map = open(&map_path).map_err(io(&map_path))?;
+        let area = open(&area_path).map_err(io(&area_path))?;
         let len = map.metadata().map_err(io(&map_path))?.len();
         if len == 0 {
             write_header(&map, &map_path, tracks)?;

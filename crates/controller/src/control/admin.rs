@@ -35,6 +35,17 @@
 //! | `inject power-loss` | the process ends as at a power cut: device writes no sync covered are undone at random, the NVS is lost unless it is persistent with `--flush nvs`, the recovery box is lost (needs `--power-loss-tracking`) |
 //! | `inject clear` | disarm every fault point, group injection and device fault |
 //!
+//! # Who may use it
+//!
+//! The socket is created mode `0600` and every client's uid is checked
+//! (`SO_PEERCRED`): only the server's own effective uid and root get an
+//! answer; anyone else reads `error: permission denied: ...` and the
+//! request is not run (a warning is logged). At start-up an existing path
+//! is replaced only if it is a stale socket nobody answers; a live one is
+//! another server's, and any other file is an error and is kept. On
+//! shutdown the socket is removed only if it is still the one this server
+//! bound. The rules are in [`crate::control::socket`].
+//!
 //! The fault points and the grammar of `inject` are declared once, in
 //! [`crate::faults`]; [`crate::engine::inject::arm`] arms them. Defaults:
 //! `rate=1`, `count=1` for fault points; `rate=1e-4`, `duration=20ms` for
@@ -42,39 +53,34 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use crate::control::socket::{self, SocketFile};
 use crate::controller::Controller;
 use crate::faults::Fault;
 
 /// Longest request line accepted.
 pub const REQUEST_BYTES_MAX: usize = 1024;
 
-/// A running admin socket; removes the socket file when dropped.
+/// A running admin socket; removes the socket file when dropped (if it is
+/// still the one it bound).
 #[derive(Debug)]
 pub struct AdminServer {
-    path: PathBuf,
+    file: SocketFile,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl AdminServer {
-    /// Listen at `path`. A stale socket file (nobody listening) is replaced;
-    /// one a live server answers on is refused.
+    /// Listen at `path` with mode 0600 ([`socket::bind_private`]). A stale
+    /// socket (nobody listening) is replaced; a live one is refused
+    /// ("another server is using PATH"), and so is anything that is not a
+    /// socket, which is never deleted.
     pub fn start(path: &Path, ctl: &Arc<Controller>) -> std::io::Result<Self> {
-        if path.exists() {
-            if UnixStream::connect(path).is_ok() {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::AddrInUse,
-                    format!("{} is the admin socket of a running server", path.display()),
-                ));
-            }
-            std::fs::remove_file(path)?;
-        }
-        let listener = UnixListener::bind(path)?;
+        let (listener, file) = socket::bind_private(path)?;
         listener.set_nonblocking(true)?;
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
@@ -84,7 +90,7 @@ impl AdminServer {
                 .spawn(move || serve(&listener, &ctl, &stop))?
         };
         Ok(Self {
-            path: path.to_owned(),
+            file,
             stop,
             thread: Some(thread),
         })
@@ -92,7 +98,7 @@ impl AdminServer {
 
     /// The socket's path.
     pub fn path(&self) -> &Path {
-        &self.path
+        self.file.path()
     }
 }
 
@@ -102,7 +108,7 @@ impl Drop for AdminServer {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        let _ = std::fs::remove_file(&self.path);
+        self.file.remove_if_ours();
     }
 }
 
@@ -134,6 +140,8 @@ fn handle(stream: UnixStream, ctl: &Arc<Controller>) -> std::io::Result<()> {
         Err(format!(
             "a request is one line of at most {REQUEST_BYTES_MAX} bytes ending in a newline"
         ))
+    } else if let Err(refused) = check_peer(&stream) {
+        Err(refused)
     } else {
         execute(line.trim(), ctl)
     };
@@ -157,10 +165,28 @@ fn handle(stream: UnixStream, ctl: &Arc<Controller>) -> std::io::Result<()> {
         tracing::error!("power loss injected through the admin socket: ending now");
         std::process::abort();
     }
-    if line.trim() == "inject crash" || line.trim() == "inject crash-damaged-box" {
+    // Only an answered request crashes: a refused peer's never does.
+    if answered_ok && (line.trim() == "inject crash" || line.trim() == "inject crash-damaged-box") {
         crash(ctl, line.trim() == "inject crash-damaged-box");
     }
     Ok(())
+}
+
+/// Refuse a client that is neither the server's uid nor root (read after
+/// its request, so that it reads the refusal rather than a reset).
+fn check_peer(stream: &UnixStream) -> Result<(), String> {
+    let uid = socket::peer_uid(stream).map_err(|e| format!("cannot tell who is asking: {e}"))?;
+    if socket::may_use(uid) {
+        return Ok(());
+    }
+    tracing::warn!(
+        peer_uid = uid,
+        "admin request refused: only the server's uid or root may use the admin socket"
+    );
+    Err(format!(
+        "permission denied: uid {uid} may not use this admin socket (only uid {} or root)",
+        crate::files::euid()
+    ))
 }
 
 /// Die as a crash would (no destage, no clean shutdown).

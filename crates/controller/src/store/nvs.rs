@@ -64,7 +64,7 @@
 //! mapping behind its own mutex. A slot belongs to one owner at a time: the
 //! free list, a reservation, or a record referenced by the cache directory.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -278,13 +278,9 @@ impl Nvs {
             path: path.to_owned(),
             source,
         };
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .map_err(io)?;
+        // 0600, no symbolic link followed, ours (crate::files).
+        let file =
+            crate::files::open_state_file(path, crate::files::Create::IfMissing).map_err(io)?;
         match file.try_lock() {
             Ok(()) => {}
             Err(std::fs::TryLockError::WouldBlock) => {
@@ -1057,7 +1053,7 @@ mod tests {
         assert!(matches!(e, NvsError::Foreign { .. }), "{e}");
         let e = Nvs::open_or_create(&path, SIZE * 2, 42, 1000).unwrap_err();
         assert!(e.to_string().contains("nvs_size"), "{e}");
-        let f = OpenOptions::new().write(true).open(&path).unwrap();
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
         f.set_len(8192).unwrap();
         let e = Nvs::open_or_create(&path, SIZE, 42, 1000).unwrap_err();
         assert!(e.to_string().contains("truncated"), "{e}");

@@ -23,7 +23,7 @@ pub(super) fn read_ahead_log(
     generation: u32,
     slots: u64,
 ) -> std::collections::BTreeSet<u64> {
-    let bytes = std::fs::read(ahead_path(dir, d)).unwrap_or_default();
+    let bytes = crate::files::read_state_file(&ahead_path(dir, d)).unwrap_or_default();
     let mut ahead = std::collections::BTreeSet::new();
     for r in bytes.chunks_exact(AHEAD_RECORD) {
         let crc = u32::from_le_bytes(r[12..].try_into().expect("4 bytes"));
@@ -84,12 +84,9 @@ impl Inner {
         let appended = (|| -> std::io::Result<()> {
             use std::io::Write;
             if log.is_none() {
-                *log = Some(
-                    std::fs::OpenOptions::new()
-                        .create(true)
-                        .append(true)
-                        .open(ahead_path(&self.dir, d))?,
-                );
+                let mut opts = crate::files::state_options(crate::files::Create::IfMissing, 0);
+                opts.append(true);
+                *log = Some(crate::files::open_with(&ahead_path(&self.dir, d), &opts)?);
             }
             let f = log.as_mut().expect("opened above");
             f.write_all(&record)?;

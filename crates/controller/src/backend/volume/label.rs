@@ -9,7 +9,7 @@ pub(super) fn write_label(dir: &Path, label: &Label) -> std::io::Result<()> {
     use std::io::Write;
     let text = toml::to_string(label).map_err(std::io::Error::other)?;
     let tmp = dir.join("volume.toml.tmp");
-    let mut f = std::fs::File::create(&tmp)?;
+    let mut f = crate::files::create_temporary(&tmp)?;
     f.write_all(text.as_bytes())?;
     f.sync_data()?;
     std::fs::rename(&tmp, dir.join("volume.toml"))?;

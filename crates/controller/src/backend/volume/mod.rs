@@ -441,7 +441,7 @@ impl Volume {
             dir: dir.to_owned(),
             source,
         };
-        std::fs::create_dir_all(dir).map_err(io)?;
+        crate::files::private_dir(dir).map_err(io)?;
         let (mut label, created) = Self::open_or_create_label(dir, size_bytes, devices, raid)?;
         label.degraded.sort_by_key(|g| g.device);
         let layout = Layout::new(
@@ -510,7 +510,11 @@ impl Volume {
             source,
         };
         let label_path = dir.join("volume.toml");
-        let label = match std::fs::read_to_string(&label_path) {
+        let read = crate::files::read_state_file(&label_path).and_then(|b| {
+            String::from_utf8(b)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+        });
+        let label = match read {
             Ok(text) => {
                 let mut label: Label =
                     toml::from_str(&text).map_err(|e| VolumeError::BadLabel {
