@@ -337,7 +337,7 @@ fn a_unix_listener_never_replaces_a_file_that_is_not_its_socket() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("not a socket") && err.contains("precious"),
+        err.contains("is a regular file") && err.contains("precious"),
         "{err}"
     );
     assert_eq!(std::fs::read(&path).unwrap(), b"data");

@@ -41,6 +41,7 @@
 //! | [`control`] | admin socket, status, metrics endpoint |
 //! | [`faults`] | every injectable fault, declared once |
 //! | [`files`] | opening the state files privately (0600, `O_NOFOLLOW`, owner and type checked), the 0700 data directory, preallocation, directory syncs |
+//! | [`sockfile`] | Unix socket files (admin, `unix:` NBD listener): bound at their mode and never wider, only a stale socket replaced, removed only while ours; the peer's uid |
 //! | [`recovery`] | the recovery log: every recovery, its rung, cause and duration |
 //! | [`metrics`] | counters and histograms, their Prometheus text |
 //! | [`units`] | the one size and duration grammar |
@@ -66,6 +67,9 @@ pub mod limits;
 pub mod metrics;
 pub mod nbd;
 pub mod recovery;
+// getsockopt(SO_PEERCRED) and renameat2, each with its SAFETY note.
+#[allow(unsafe_code)]
+pub mod sockfile;
 pub mod store;
 pub mod timer;
 pub mod units;

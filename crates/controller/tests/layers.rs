@@ -21,7 +21,7 @@ const LAYERS: &[Layer] = &[
         name: "leaves",
         rank: 0,
         modules: &[
-            "limits", "units", "files", "recovery", "timer", "metrics", "faults", "nbd",
+            "limits", "units", "files", "sockfile", "recovery", "timer", "metrics", "faults", "nbd",
         ],
     },
     Layer {

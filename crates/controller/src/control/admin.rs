@@ -58,9 +58,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use crate::control::socket::{self, SocketFile};
 use crate::controller::Controller;
 use crate::faults::Fault;
+use crate::sockfile::{self as socket, SocketFile};
 
 /// Longest request line accepted.
 pub const REQUEST_BYTES_MAX: usize = 1024;
@@ -80,7 +80,12 @@ impl AdminServer {
     /// ("another server is using PATH"), and so is anything that is not a
     /// socket, which is never deleted.
     pub fn start(path: &Path, ctl: &Arc<Controller>) -> std::io::Result<Self> {
-        let (listener, file) = socket::bind_private(path)?;
+        let (listener, file) = socket::bind_private(
+            path,
+            socket::ADMIN_SOCKET_MODE,
+            "admin socket",
+            "choose another --admin path",
+        )?;
         listener.set_nonblocking(true)?;
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {

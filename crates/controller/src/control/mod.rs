@@ -8,7 +8,6 @@
 //! | module | concept |
 //! |---|---|
 //! | [`admin`] | the admin socket: one request line, one answer |
-//! | [`socket`] | the admin socket's file: bound `0600`, only a stale socket replaced, removed only while ours; the peer's uid |
 //! | [`status`] | the text of `rebound status` |
 //! | [`report`] | the same content as one JSON object (`rebound status --json`) |
 //! | [`health`] | healthy or degraded, and why (status's exit code, systemd's notifications) |
@@ -18,7 +17,4 @@ pub mod admin;
 pub mod health;
 pub mod http;
 pub mod report;
-// getsockopt(SO_PEERCRED) and renameat2, each with its SAFETY note.
-#[allow(unsafe_code)]
-pub mod socket;
 pub mod status;

@@ -18,6 +18,6 @@
 pub mod connection;
 pub mod listener;
 pub mod partial;
-// System calls std lacks: sendmsg(MSG_DONTWAIT), poll, setsockopt, umask.
+// System calls std lacks: sendmsg(MSG_DONTWAIT), poll, setsockopt.
 #[allow(unsafe_code)]
 pub mod socket;

@@ -1,19 +1,19 @@
 //! A client's socket and the listener it came from: TCP or a Unix stream
-//! socket, one type for the rest of the host adapter, and the system calls
-//! the reply path needs that `std` does not offer: a `sendmsg` that never
-//! blocks (`MSG_DONTWAIT`, per call, so the connection's reading threads
-//! keep blocking reads on the same socket) and a bounded wait for room in
-//! the send buffer (`poll`).
+//! socket (its file bound by [`crate::sockfile`]), one type for the rest
+//! of the host adapter, and the system calls the reply path needs that
+//! `std` does not offer: a `sendmsg` that never blocks (`MSG_DONTWAIT`, per
+//! call, so the connection's reading threads keep blocking reads on the
+//! same socket) and a bounded wait for room in the send buffer (`poll`).
 
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::config::Endpoint;
+use crate::sockfile::SocketFile;
 
 /// A client connection.
 #[derive(Debug)]
@@ -211,26 +211,39 @@ impl Write for &Socket {
 pub enum Listener {
     /// TCP.
     Tcp(TcpListener),
-    /// A Unix stream socket; the path is removed when the listener goes,
-    /// if it is still the socket this listener bound.
+    /// A Unix stream socket.
     Unix {
         /// The socket.
         listener: UnixListener,
         /// Its path.
         path: PathBuf,
-        /// Device and inode of the socket file bound (None: inherited).
-        bound: Option<(u64, u64)>,
+        /// The socket file this listener bound, removed when it goes
+        /// (`None`: inherited from systemd, which owns the file).
+        bound: Option<SocketFile>,
     },
 }
 
 impl Listener {
-    /// Bind `endpoint`; a Unix socket file gets `mode`. An existing path
-    /// is replaced only when it is a socket no one answers on (a dead
-    /// server's); a live socket or any other file is an error naming it.
+    /// Bind `endpoint`; a Unix socket file gets `mode` and never more
+    /// ([`crate::sockfile::bind_private`]): an existing path is replaced
+    /// only when it is a socket no one answers on (a dead server's); a
+    /// live socket or any other file is an error naming it.
     pub fn bind(endpoint: &Endpoint, mode: u32) -> io::Result<Self> {
         match endpoint {
             Endpoint::Tcp(a) => TcpListener::bind(a).map(Self::Tcp),
-            Endpoint::Unix(path) => bind_unix(path, mode),
+            Endpoint::Unix(path) => {
+                let (listener, file) = crate::sockfile::bind_private(
+                    path,
+                    mode,
+                    "NBD socket",
+                    "choose another --listen unix:PATH",
+                )?;
+                Ok(Self::Unix {
+                    listener,
+                    path: path.clone(),
+                    bound: Some(file),
+                })
+            }
         }
     }
 
@@ -274,13 +287,10 @@ impl Listener {
 impl Drop for Listener {
     fn drop(&mut self) {
         if let Self::Unix {
-            path,
-            bound: Some(id),
-            ..
+            bound: Some(file), ..
         } = self
-            && file_id(path).ok() == Some(*id)
         {
-            let _ = std::fs::remove_file(path);
+            file.remove_if_ours();
         }
     }
 }
@@ -294,62 +304,6 @@ fn wake_addr(a: SocketAddr) -> SocketAddr {
         ip => ip,
     };
     SocketAddr::new(ip, a.port())
-}
-
-fn file_id(path: &Path) -> io::Result<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::symlink_metadata(path)?;
-    Ok((m.dev(), m.ino()))
-}
-
-/// Bind a Unix listener at `path` with `mode`, replacing only a stale
-/// socket.
-fn bind_unix(path: &Path, mode: u32) -> io::Result<Listener> {
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_socket() => {
-            if UnixStream::connect(path).is_ok() {
-                return Err(io::Error::new(
-                    io::ErrorKind::AddrInUse,
-                    format!("{}: another server is listening on it", path.display()),
-                ));
-            }
-            // A dead server's socket: nobody answers on it.
-            std::fs::remove_file(path)?;
-        }
-        Ok(_) => {
-            return Err(io::Error::new(
-                io::ErrorKind::AlreadyExists,
-                format!(
-                    "{} exists and is not a socket; refusing to replace it",
-                    path.display()
-                ),
-            ));
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    // Bind with no access for anyone, then open up to `mode`: the socket
-    // is never briefly wider than asked.
-    let listener = with_umask(0o777, || UnixListener::bind(path))
-        .map_err(|e| io::Error::new(e.kind(), format!("binding {}: {e}", path.display())))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
-    let bound = Some(file_id(path)?);
-    Ok(Listener::Unix {
-        listener,
-        path: path.to_owned(),
-        bound,
-    })
-}
-
-/// Run `f` with the process umask set to `mask`. The umask is process
-/// wide: this runs at start-up, before the server creates other files.
-fn with_umask<T>(mask: libc::mode_t, f: impl FnOnce() -> T) -> T {
-    // SAFETY: umask only swaps the process's file-creation mask.
-    let old = unsafe { libc::umask(mask) };
-    let out = f();
-    // SAFETY: as above, restoring the previous mask.
-    unsafe { libc::umask(old) };
-    out
 }
 
 #[cfg(test)]
@@ -384,7 +338,7 @@ mod tests {
         let path = dir.path().join("nbd.sock");
         std::fs::write(&path, b"keep me").unwrap();
         let err = Listener::bind(&Endpoint::Unix(path.clone()), 0o600).unwrap_err();
-        assert!(err.to_string().contains("not a socket"), "{err}");
+        assert!(err.to_string().contains("is a regular file"), "{err}");
         assert_eq!(std::fs::read(&path).unwrap(), b"keep me");
     }
 

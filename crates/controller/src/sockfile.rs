@@ -1,11 +1,12 @@
-//! The admin socket's file and its peers: who may bind it, replace it,
-//! remove it and talk to it (issue 25, "local files").
+//! The server's Unix socket files and their peers: who may bind them,
+//! replace them, remove them and talk to them. Two sockets use it: the
+//! admin socket (`control::admin`), which can crash the server (`inject
+//! crash`) and damage cached data on purpose (`inject corrupt-record`), so
+//! it is as private as the state files; and a `unix:` NBD listener
+//! (`host::socket`), which serves the whole volume.
 //!
-//! The admin socket can crash the server (`inject crash`) and damage
-//! cached data on purpose (`inject corrupt-record`), so it is as private
-//! as the state files:
-//!
-//! - [`bind_private`] binds the socket with mode `0600` and never wider,
+//! - [`bind_private`] binds the socket with its mode (`0600` for the admin
+//!   socket, `socket_mode` for NBD) and never wider,
 //!   not even for an instant: it binds inside a fresh `0700` directory
 //!   beside the target (nobody else can reach a socket in there), sets the
 //!   mode, then renames it into place with `RENAME_NOREPLACE`, so a file
@@ -33,7 +34,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 
 /// The mode of the admin socket.
-pub const SOCKET_MODE: u32 = 0o600;
+pub const ADMIN_SOCKET_MODE: u32 = 0o600;
 
 /// The socket file this server bound: its path and identity.
 #[derive(Debug)]
@@ -60,11 +61,17 @@ impl SocketFile {
     }
 }
 
-/// Listen at `path` with mode `0600` (see the module docs): a stale socket
+/// Listen at `path` with `mode` (see the module docs): a stale socket
 /// there is replaced; a live one, or anything that is not a socket, is an
-/// error naming the path.
-pub fn bind_private(path: &Path) -> io::Result<(UnixListener, SocketFile)> {
-    clear_stale(path)?;
+/// error naming the path. `what` names the socket in messages ("admin
+/// socket", with `hint` telling how to choose another path).
+pub fn bind_private(
+    path: &Path,
+    mode: u32,
+    what: &str,
+    hint: &str,
+) -> io::Result<(UnixListener, SocketFile)> {
+    clear_stale(path, what, hint)?;
     let parent = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
         _ => PathBuf::from("."),
@@ -72,24 +79,24 @@ pub fn bind_private(path: &Path) -> io::Result<(UnixListener, SocketFile)> {
     let name = path.file_name().ok_or_else(|| {
         io::Error::new(
             io::ErrorKind::InvalidInput,
-            format!("admin socket path {} has no file name", path.display()),
+            format!("{what} path {} has no file name", path.display()),
         )
     })?;
     let staging = Staging::new(&parent)?;
     let inner = staging.0.join(name);
     let listener = UnixListener::bind(&inner).map_err(|e| named(path, "cannot bind", e))?;
-    std::fs::set_permissions(&inner, std::fs::Permissions::from_mode(SOCKET_MODE))?;
+    std::fs::set_permissions(&inner, std::fs::Permissions::from_mode(mode))?;
     rename_noreplace(&inner, path).map_err(|e| {
         if e.kind() == io::ErrorKind::AlreadyExists {
             io::Error::new(
                 e.kind(),
                 format!(
-                    "{} appeared while binding the admin socket; not replacing it",
+                    "{} appeared while binding the {what}; not replacing it",
                     path.display()
                 ),
             )
         } else {
-            named(path, "cannot move the admin socket to", e)
+            named(path, &format!("cannot move the {what} to"), e)
         }
     })?;
     let meta = std::fs::symlink_metadata(path)?;
@@ -113,7 +120,7 @@ impl Staging {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
-        let dir = parent.join(format!(".rebound-admin-{}-{nanos}", std::process::id()));
+        let dir = parent.join(format!(".rebound-sock-{}-{nanos}", std::process::id()));
         // Not recursive: an existing entry of that name is an error, never
         // a directory someone else prepared.
         std::fs::DirBuilder::new()
@@ -131,7 +138,7 @@ impl Drop for Staging {
 }
 
 /// Remove a stale socket at `path`; refuse a live one or a non-socket.
-fn clear_stale(path: &Path) -> io::Result<()> {
+fn clear_stale(path: &Path, what_socket: &str, hint: &str) -> io::Result<()> {
     let meta = match std::fs::symlink_metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
@@ -151,7 +158,7 @@ fn clear_stale(path: &Path) -> io::Result<()> {
         return Err(io::Error::new(
             io::ErrorKind::AlreadyExists,
             format!(
-                "{} exists and is {what}, not a stale admin socket; refusing to replace it (remove it, or choose another --admin path)",
+                "{} exists and is {what}, not a stale {what_socket}; refusing to replace it (remove it, or {hint})",
                 path.display()
             ),
         ));
@@ -162,7 +169,7 @@ fn clear_stale(path: &Path) -> io::Result<()> {
             format!("another server is using {}", path.display()),
         )),
         Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => {
-            tracing::info!(path = %path.display(), "replacing the stale admin socket of a server that is gone");
+            tracing::info!(path = %path.display(), "replacing the stale {what_socket} of a server that is gone");
             std::fs::remove_file(path).map_err(|e| named(path, "cannot remove the stale socket", e))
         }
         Err(e) => Err(named(path, "cannot tell whether a server answers on", e)),
@@ -248,8 +255,14 @@ mod tests {
     fn a_bound_socket_is_0600_and_leaves_no_staging_directory() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("admin.sock");
-        let (_listener, file) = bind_private(&path).unwrap();
-        assert_eq!(mode_of(&path), SOCKET_MODE);
+        let (_listener, file) = bind_private(
+            &path,
+            ADMIN_SOCKET_MODE,
+            "admin socket",
+            "choose another --admin path",
+        )
+        .unwrap();
+        assert_eq!(mode_of(&path), ADMIN_SOCKET_MODE);
         let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
         assert_eq!(left.len(), 1, "only the socket: {left:?}");
         UnixStream::connect(&path).expect("the socket answers where it was put");
@@ -263,8 +276,20 @@ mod tests {
         let path = dir.path().join("admin.sock");
         drop(UnixListener::bind(&path).unwrap());
         assert!(path.exists(), "a listener's drop leaves its file: stale");
-        let (live, _file) = bind_private(&path).unwrap();
-        let err = bind_private(&path).unwrap_err();
+        let (live, _file) = bind_private(
+            &path,
+            ADMIN_SOCKET_MODE,
+            "admin socket",
+            "choose another --admin path",
+        )
+        .unwrap();
+        let err = bind_private(
+            &path,
+            ADMIN_SOCKET_MODE,
+            "admin socket",
+            "choose another --admin path",
+        )
+        .unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::AddrInUse);
         assert_eq!(
             err.to_string(),
@@ -287,7 +312,14 @@ mod tests {
             (&sub, "a directory"),
             (&link, "a symbolic link"),
         ] {
-            let err = bind_private(path).unwrap_err().to_string();
+            let err = bind_private(
+                path,
+                ADMIN_SOCKET_MODE,
+                "admin socket",
+                "choose another --admin path",
+            )
+            .unwrap_err()
+            .to_string();
             assert!(
                 err.contains(&*path.to_string_lossy()) && err.contains(what),
                 "{err}"
@@ -301,12 +333,24 @@ mod tests {
     fn remove_if_ours_leaves_a_socket_bound_by_someone_else() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("admin.sock");
-        let (first, file) = bind_private(&path).unwrap();
+        let (first, file) = bind_private(
+            &path,
+            ADMIN_SOCKET_MODE,
+            "admin socket",
+            "choose another --admin path",
+        )
+        .unwrap();
         // Another server took the path over after ours was moved away
         // (kept, so that its inode number is not reused at once).
         drop(first);
         std::fs::rename(&path, dir.path().join("moved.sock")).unwrap();
-        let (_second, _) = bind_private(&path).unwrap();
+        let (_second, _) = bind_private(
+            &path,
+            ADMIN_SOCKET_MODE,
+            "admin socket",
+            "choose another --admin path",
+        )
+        .unwrap();
         file.remove_if_ours();
         assert!(path.exists(), "the newer server's socket stays");
     }
