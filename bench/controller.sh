@@ -5,10 +5,14 @@
 #
 #   bench/controller.sh [--quick] [--out DIR] [--rebound PATH] [--rounds N] [--runtime SECONDS]
 #
-# Servers: rebound (whole data path: rcs dispatch, cache, NVS, destage),
-# nbdkit file plugin (on a preallocated 1 GiB file), nbdkit memory plugin,
-# qemu-nbd (raw file). Rounds are interleaved (every server once per round)
-# and the median round per server is reported. Prints a table and writes
+# Servers: rebound (whole data path: rcs dispatch, cache, NVS, destage)
+# over TCP, over a Unix socket (rebound-unix) and over TLS (rebound-tls,
+# --tls require with a throwaway X.509 CA); nbdkit file plugin (on a
+# preallocated 1 GiB file), the same with --tls=require (nbdkit-tls),
+# nbdkit memory plugin, qemu-nbd (raw file). Rounds are interleaved (every
+# server once per round) and the median round per server is reported, with
+# the server's CPU time per I/O (utime + stime of all its threads, from
+# /proc/PID/stat, over the run). Prints a table and writes
 # DIR/controller.csv (one line per run). `rebound bench controller` runs this
 # script and draws DIR/controller.png.
 #
@@ -17,7 +21,7 @@
 # nbdkit's file plugin: DIR/controller-writes.csv and a second table.
 #
 # Environment: REBOUND_FLAGS adds flags to `rebound serve` (experiments);
-# SERVERS limits the servers measured (default: all four); WRITE_SERVERS
+# SERVERS limits the servers measured (default: all); WRITE_SERVERS
 # those of the write table (default: rebound nbdkit-file).
 set -euo pipefail
 
@@ -29,7 +33,7 @@ while (($#)); do
     --rebound) rebound="$2"; shift ;;
     --rounds) rounds="$2"; shift ;;
     --runtime) runtime="$2"; shift ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "controller.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -43,7 +47,7 @@ fi
 [ -x "$rebound" ] || { echo "controller.sh: no rebound binary at $rebound (cargo build --release)" >&2; exit 2; }
 
 need=()
-for t in fio:fio nbdkit:nbdkit qemu-nbd:qemu-utils jq:jq; do
+for t in fio:fio nbdkit:nbdkit qemu-nbd:qemu-utils jq:jq openssl:openssl; do
   command -v "${t%%:*}" >/dev/null 2>&1 || need+=("${t#*:}")
 done
 if ((${#need[@]})); then
@@ -54,28 +58,70 @@ mkdir -p "$out"
 work="$(mktemp -d)"
 trap 'jobs -p | xargs -r kill 2>/dev/null || true; rm -rf "$work" /dev/shm/rebound-bench-$$.nvs /dev/shm/rebound-bench-$$.box' EXIT
 port=$((20000 + $$ % 20000))
-sed "s/^runtime=.*/runtime=$runtime/" "$job" > "$work/job.fio"
 csv="$out/controller.csv"
-echo "server,round,iops,read_p99_us,write_p99_us,read_mean_us,write_mean_us" > "$csv"
+echo "server,round,iops,read_p99_us,write_p99_us,read_mean_us,write_mean_us,cpu_us_per_io" > "$csv"
+ticks=$(getconf CLK_TCK)
+
+# A throwaway CA and a server certificate for 127.0.0.1, in the layout
+# nbdkit, qemu and rebound read (ca-cert.pem, server-cert.pem,
+# server-key.pem); libnbd reads ca-cert.pem from the same directory.
+pki="$work/pki"; mkdir -p "$pki"
+openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=rebound bench CA" \
+  -keyout "$pki/ca-key.pem" -out "$pki/ca-cert.pem" 2>/dev/null
+openssl req -newkey rsa:2048 -nodes -subj "/CN=127.0.0.1" \
+  -keyout "$pki/server-key.pem" -out "$pki/server.csr" 2>/dev/null
+printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' > "$pki/san.ext"
+openssl x509 -req -in "$pki/server.csr" -CA "$pki/ca-cert.pem" -CAkey "$pki/ca-key.pem" \
+  -CAcreateserial -days 2 -extfile "$pki/san.ext" -out "$pki/server-cert.pem" 2>/dev/null
+chmod 600 "$pki"/*-key.pem
+
+# The URI fio's nbd engine connects to for server $1.
+uri_of() {
+  case "$1" in
+    rebound-unix) echo "nbd+unix:///?socket=$work/nbd.sock" ;;
+    *-tls) echo "nbds://127.0.0.1:$port/?tls-certificates=$pki" ;;
+    *) echo "nbd://127.0.0.1:$port/" ;;
+  esac
+}
+
+# fio's job for server $1 (its URI) from job file $2 into $3.
+job_for() {
+  sed -e "s/^runtime=.*/runtime=$runtime/" -e "s|^uri=.*|uri=$(uri_of "$1")|" "$2" > "$3"
+}
+
+# CPU seconds (user + system, all threads) process $1 has used, in ticks.
+cpu_ticks() {
+  awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0
+}
 
 wait_port() {
   for _ in $(seq 1 200); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
+    if [ "$1" = rebound-unix ]; then
+      [ -S "$work/nbd.sock" ] && return 0
+    else
+      (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
+    fi
     sleep 0.05
   done
-  echo "controller.sh: server did not listen on $port" >&2; return 1
+  echo "controller.sh: $1 did not listen" >&2; return 1
 }
 
 start() {
   case "$1" in
-    rebound)
+    rebound|rebound-unix|rebound-tls)
+      local listen=(--listen "127.0.0.1:$port")
+      [ "$1" = rebound-unix ] && listen=(--listen "unix:$work/nbd.sock")
+      [ "$1" = rebound-tls ] && listen+=(--tls require --tls-certificates "$pki")
       rm -rf "$work/rebound" /dev/shm/rebound-bench-$$.nvs /dev/shm/rebound-bench-$$.box
-      "$rebound" serve --listen "127.0.0.1:$port" --data-dir "$work/rebound" \
+      "$rebound" serve "${listen[@]}" --data-dir "$work/rebound" \
         --nvs /dev/shm/rebound-bench-$$.nvs --box /dev/shm/rebound-bench-$$.box \
         ${REBOUND_FLAGS:-} 2>"$work/rebound.log" & ;;
     nbdkit-file)
       rm -f "$work/file.img"; fallocate -l 1G "$work/file.img"
       nbdkit -f -p "$port" file "$work/file.img" & ;;
+    nbdkit-tls)
+      rm -f "$work/file.img"; fallocate -l 1G "$work/file.img"
+      nbdkit -f -p "$port" --tls=require --tls-certificates="$pki" file "$work/file.img" & ;;
     nbdkit-memory)
       nbdkit -f -p "$port" memory 1G & ;;
     qemu-nbd)
@@ -83,7 +129,7 @@ start() {
       qemu-nbd -f raw -x "" -p "$port" -t "$work/qemu.img" & ;;
   esac
   pid=$!
-  wait_port
+  wait_port "$1"
 }
 
 stop() {
@@ -91,45 +137,57 @@ stop() {
   wait "$pid" 2>/dev/null || true
 }
 
-read -r -a servers <<< "${SERVERS:-rebound nbdkit-file nbdkit-memory qemu-nbd}"
+all_servers="rebound rebound-unix nbdkit-file nbdkit-memory qemu-nbd"
+# TLS rows when this rebound has --tls.
+if "$rebound" serve --help 2>/dev/null | grep -q -- '--tls '; then
+  all_servers="rebound rebound-unix rebound-tls nbdkit-file nbdkit-tls nbdkit-memory qemu-nbd"
+fi
+read -r -a servers <<< "${SERVERS:-$all_servers}"
 total=$((rounds * ${#servers[@]})); n=0
 for round in $(seq 1 "$rounds"); do
   for s in "${servers[@]}"; do
     n=$((n + 1))
     printf '\r[%d/%d] round %d: %-14s (%ss)' "$n" "$total" "$round" "$s" "$runtime" >&2
     start "$s"
-    PORT=$port fio "$work/job.fio" --output-format=json 2>/dev/null | sed -n '/^{/,$p' > "$work/out.json"
+    job_for "$s" "$job" "$work/job.fio"
+    cpu0=$(cpu_ticks "$pid")
+    fio "$work/job.fio" --output-format=json 2>"$work/fio.err" | sed -n '/^{/,$p' > "$work/out.json" \
+      || { echo "controller.sh: fio failed against $s:" >&2; tail -5 "$work/fio.err" >&2; exit 1; }
+    cpu1=$(cpu_ticks "$pid")
     stop
-    jq -r --arg s "$s" --arg r "$round" '.jobs[0] as $j | [$s, $r,
+    jq -r --arg s "$s" --arg r "$round" --arg cpu "$(( cpu1 - cpu0 ))" --arg hz "$ticks" '.jobs[0] as $j | [$s, $r,
         ($j.read.iops + $j.write.iops),
         ($j.read.clat_ns.percentile["99.000000"] / 1000),
         ($j.write.clat_ns.percentile["99.000000"] / 1000),
-        ($j.read.clat_ns.mean / 1000), ($j.write.clat_ns.mean / 1000)] | @csv' \
+        ($j.read.clat_ns.mean / 1000), ($j.write.clat_ns.mean / 1000),
+        (($cpu | tonumber) / ($hz | tonumber) * 1e6 / ($j.read.total_ios + $j.write.total_ios))] | @csv' \
       "$work/out.json" | tr -d '"' >> "$csv"
   done
 done
 printf '\r%60s\r' '' >&2
 
 echo "cache-standard (fio nbd engine, 4 KiB random 75% read, iodepth 32, 1 GiB): $rounds round(s) of ${runtime}s, median per server"
-awk -F, 'NR > 1 { n[$1]++; i[$1, n[$1]] = $3; rp[$1, n[$1]] = $4; wp[$1, n[$1]] = $5; rm[$1, n[$1]] = $6; wm[$1, n[$1]] = $7 }
+awk -F, 'NR > 1 { n[$1]++; i[$1, n[$1]] = $3; rp[$1, n[$1]] = $4; wp[$1, n[$1]] = $5; rm[$1, n[$1]] = $6; wm[$1, n[$1]] = $7; cp[$1, n[$1]] = $8 }
 END {
-  split("rebound nbdkit-file nbdkit-memory qemu-nbd", all, " ")
-  c = 0; for (k = 1; k <= 4; k++) if (all[k] in n) order[++c] = all[k]
+  na = split("rebound rebound-unix rebound-tls nbdkit-file nbdkit-tls nbdkit-memory qemu-nbd", all, " ")
+  c = 0; for (k = 1; k <= na; k++) if (all[k] in n) order[++c] = all[k]
   for (k = 1; k <= c; k++) {
     s = order[k]; m = n[s]
     # median by IOPS: sort indices
     for (a = 1; a <= m; a++) idx[a] = a
     for (a = 1; a <= m; a++) for (b = a + 1; b <= m; b++) if (i[s, idx[b]] < i[s, idx[a]]) { t = idx[a]; idx[a] = idx[b]; idx[b] = t }
     j = idx[int((m + 1) / 2)]
-    med[s] = i[s, j]; p99r[s] = rp[s, j]; p99w[s] = wp[s, j]; mr[s] = rm[s, j]; mw[s] = wm[s, j]
+    med[s] = i[s, j]; p99r[s] = rp[s, j]; p99w[s] = wp[s, j]; mr[s] = rm[s, j]; mw[s] = wm[s, j]; cpu[s] = cp[s, j]
   }
-  printf "%-14s %10s %9s %14s %15s %13s %14s\n", "server", "IOPS", "vs file", "read p99 µs", "write p99 µs", "read mean µs", "write mean µs"
+  printf "%-14s %10s %9s %14s %15s %13s %14s %12s\n", "server", "IOPS", "vs file", "read p99 µs", "write p99 µs", "read mean µs", "write mean µs", "CPU µs/IO"
   for (k = 1; k <= c; k++) { s = order[k]
-    printf "%-14s %10.0f %9.3f %14.0f %15.0f %13.1f %14.1f\n", s, med[s], med[s] / med["nbdkit-file"], p99r[s], p99w[s], mr[s], mw[s] }
+    printf "%-14s %10.0f %9.3f %14.0f %15.0f %13.1f %14.1f %12.1f\n", s, med[s], med[s] / med["nbdkit-file"], p99r[s], p99w[s], mr[s], mw[s], cpu[s] }
   ratio = med["rebound"] / med["nbdkit-file"]
   p99 = (p99r["rebound"] <= p99r["nbdkit-file"] && p99w["rebound"] <= p99w["nbdkit-file"])
   printf "target: rebound >= 1.0x nbdkit-file IOPS: %.3fx (%s); p99 no worse (read %.0f vs %.0f, write %.0f vs %.0f µs): %s\n",
     ratio, (ratio >= 1.0 ? "met" : "MISSED"), p99r["rebound"], p99r["nbdkit-file"], p99w["rebound"], p99w["nbdkit-file"], (p99 ? "met" : "MISSED")
+  if ("rebound-unix" in n) printf "rebound over a Unix socket: %.3fx its TCP IOPS, %.1f vs %.1f CPU µs/IO\n", med["rebound-unix"] / med["rebound"], cpu["rebound-unix"], cpu["rebound"]
+  if ("rebound-tls" in n && "nbdkit-tls" in n) printf "TLS: rebound %.3fx its plaintext IOPS, nbdkit-file %.3fx its plaintext IOPS; rebound-tls %.3fx nbdkit-tls\n", med["rebound-tls"] / med["rebound"], med["nbdkit-tls"] / med["nbdkit-file"], med["rebound-tls"] / med["nbdkit-tls"]
 }' "$csv"
 echo "raw results: $csv"
 
@@ -137,7 +195,6 @@ echo "raw results: $csv"
 # client's default block size) against whole 4 KiB tracks, on rebound and
 # on nbdkit's file plugin, interleaved as above.
 wjob="$here/fio/randwrite.fio"
-sed "s/^runtime=.*/runtime=$runtime/" "$wjob" > "$work/write.fio"
 wcsv="$out/controller-writes.csv"
 echo "server,bs,round,iops,write_p99_us,write_mean_us" > "$wcsv"
 read -r -a wservers <<< "${WRITE_SERVERS:-rebound nbdkit-file}"
@@ -148,7 +205,9 @@ for round in $(seq 1 "$rounds"); do
       n=$((n + 1))
       printf '\r[%d/%d] round %d: %-14s %4s writes (%ss)' "$n" "$total" "$round" "$s" "$bs" "$runtime" >&2
       start "$s"
-      PORT=$port BS=$bs fio "$work/write.fio" --output-format=json 2>/dev/null | sed -n '/^{/,$p' > "$work/out.json"
+      job_for "$s" "$wjob" "$work/write.fio"
+      BS=$bs fio "$work/write.fio" --output-format=json 2>"$work/fio.err" | sed -n '/^{/,$p' > "$work/out.json" \
+        || { echo "controller.sh: fio failed against $s:" >&2; tail -5 "$work/fio.err" >&2; exit 1; }
       stop
       jq -r --arg s "$s" --arg b "$bs" --arg r "$round" '.jobs[0] as $j | [$s, $b, $r, $j.write.iops,
           ($j.write.clat_ns.percentile["99.000000"] / 1000), ($j.write.clat_ns.mean / 1000)] | @csv' \

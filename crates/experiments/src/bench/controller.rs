@@ -57,15 +57,16 @@ pub fn run(args: ControllerArgs) -> anyhow::Result<std::process::ExitCode> {
     Ok(std::process::ExitCode::SUCCESS)
 }
 
-/// Median IOPS, read p99 and write p99 per server, in the script's order.
-fn medians(csv: &Path) -> anyhow::Result<Vec<(String, [f64; 3])>> {
+/// Median IOPS, read p99, write p99 and CPU µs per I/O per server, in the
+/// script's order.
+fn medians(csv: &Path) -> anyhow::Result<Vec<(String, [f64; 4])>> {
     let text =
         std::fs::read_to_string(csv).with_context(|| format!("reading {}", csv.display()))?;
-    let mut per: Vec<(String, Vec<[f64; 3]>)> = Vec::new();
+    let mut per: Vec<(String, Vec<[f64; 4]>)> = Vec::new();
     for line in text.lines().skip(1) {
         let f: Vec<&str> = line.split(',').collect();
         anyhow::ensure!(
-            f.len() == 7,
+            f.len() == 8,
             "malformed line in {}: {line:?}",
             csv.display()
         );
@@ -73,7 +74,7 @@ fn medians(csv: &Path) -> anyhow::Result<Vec<(String, [f64; 3])>> {
             f[i].parse()
                 .with_context(|| format!("bad number {:?} in {}", f[i], csv.display()))
         };
-        let row = [num(2)?, num(3)?, num(4)?];
+        let row = [num(2)?, num(3)?, num(4)?, num(7)?];
         match per.iter_mut().find(|(s, _)| s == f[0]) {
             Some((_, rows)) => rows.push(row),
             None => per.push((f[0].to_owned(), vec![row])),
@@ -94,7 +95,7 @@ fn plot(csv: &Path, png: &Path) -> anyhow::Result<()> {
     let categories: Vec<String> = m.iter().map(|(s, _)| s.clone()).collect();
     bar_chart_png(
         png,
-        "cache-standard over NBD (fio, 4 KiB random 75% read, iodepth 32): rebound vs peers",
+        "cache-standard over NBD (fio, 4 KiB random 75% read, iodepth 32): rebound (TCP, Unix socket, TLS) vs peers",
         &[
             BarPanel {
                 title: "throughput".into(),
@@ -110,6 +111,12 @@ fn plot(csv: &Path, png: &Path) -> anyhow::Result<()> {
                     ("read p99".into(), m.iter().map(|(_, v)| v[1]).collect()),
                     ("write p99".into(), m.iter().map(|(_, v)| v[2]).collect()),
                 ],
+            },
+            BarPanel {
+                title: "server CPU per I/O (all threads, /proc)".into(),
+                y_label: "microseconds".into(),
+                categories: m.iter().map(|(s, _)| s.clone()).collect(),
+                series: vec![("CPU µs/IO".into(), m.iter().map(|(_, v)| v[3]).collect())],
             },
         ],
     )
