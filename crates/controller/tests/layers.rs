@@ -65,6 +65,13 @@ const LAYERS: &[Layer] = &[
         rank: 7,
         modules: &["tests"],
     },
+    // The fuzz targets' entry points and checkers (feature `fuzzing`):
+    // test code, above everything like the tests.
+    Layer {
+        name: "fuzzing",
+        rank: 7,
+        modules: &["fuzzing"],
+    },
 ];
 
 fn layer_of(module: &str) -> Option<&'static Layer> {
