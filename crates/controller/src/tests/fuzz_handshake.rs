@@ -197,3 +197,22 @@ proptest! {
         );
     }
 }
+
+#[test]
+fn the_cargo_fuzz_seed_corpora_pass_the_checkers() {
+    let corpus = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus");
+    for (target, run) in [
+        ("handshake", crate::fuzzing::handshake as fn(&[u8])),
+        ("request_header", |d: &[u8]| {
+            assert!(crate::fuzzing::request_header(d).is_some_and(|v| v.is_ok()));
+        }),
+    ] {
+        let seeds = std::fs::read_dir(corpus.join(target)).expect("the seed corpus");
+        let mut n = 0;
+        for seed in seeds {
+            run(&std::fs::read(seed.unwrap().path()).unwrap());
+            n += 1;
+        }
+        assert!(n > 0, "no seeds for {target}");
+    }
+}
