@@ -59,18 +59,18 @@ const LAYERS: &[Layer] = &[
         rank: 6,
         modules: &["control"],
     },
+    // The fuzz targets' entry points and checkers (feature `fuzzing`):
+    // beside host and control, imported only by the tests.
+    Layer {
+        name: "fuzzing",
+        rank: 6,
+        modules: &["fuzzing"],
+    },
     // In-process tests that open a whole controller: above everything.
     Layer {
         name: "tests",
         rank: 7,
         modules: &["tests"],
-    },
-    // The fuzz targets' entry points and checkers (feature `fuzzing`):
-    // test code, above everything like the tests.
-    Layer {
-        name: "fuzzing",
-        rank: 7,
-        modules: &["fuzzing"],
     },
 ];
 
