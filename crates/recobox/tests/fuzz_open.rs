@@ -53,12 +53,15 @@ fn config(base: u32) -> Config {
     }
 }
 
+/// (slot, data) of each item of one type.
+type Slots = Vec<(u32, Vec<u8>)>;
+
 /// A valid image and what opening it must show.
 struct Golden {
     bytes: Vec<u8>,
     types: Vec<TypeId>,
     /// Per checksummed type: (slot, data) of every item.
-    checked: Vec<(TypeId, Vec<(u32, Vec<u8>)>)>,
+    checked: Vec<(TypeId, Slots)>,
 }
 
 impl Golden {
@@ -80,7 +83,7 @@ impl Golden {
     }
 }
 
-fn items(b: &RecoveryBox, t: TypeId) -> Vec<(u32, Vec<u8>)> {
+fn items(b: &RecoveryBox, t: TypeId) -> Slots {
     b.items(t)
         .expect("listing a type's items")
         .into_iter()
