@@ -47,6 +47,7 @@
 //! | [`units`] | the one size and duration grammar |
 //! | [`limits`] | every bound |
 //! | [`timer`] | the controller's timer thread |
+//! | `fuzzing` | (feature `fuzzing`, and the tests) the fuzz targets' entry points and property checkers |
 //!
 //! The invariant: a write acknowledged to a client is in the NVS (or on the
 //! devices) before its reply is sent, and is never lost; a read never
@@ -62,6 +63,8 @@ pub mod engine;
 pub mod faults;
 #[allow(unsafe_code)]
 pub mod files;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 pub mod host;
 pub mod limits;
 pub mod metrics;

@@ -59,6 +59,13 @@ const LAYERS: &[Layer] = &[
         rank: 6,
         modules: &["control"],
     },
+    // The fuzz targets' entry points and checkers (feature `fuzzing`):
+    // beside host and control, imported only by the tests.
+    Layer {
+        name: "fuzzing",
+        rank: 6,
+        modules: &["fuzzing"],
+    },
     // In-process tests that open a whole controller: above everything.
     Layer {
         name: "tests",

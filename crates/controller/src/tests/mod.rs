@@ -3,6 +3,8 @@
 //! every layer (tests/layers.rs), so they may build what they test.
 
 mod engine;
+mod fuzz_framer;
+mod fuzz_handshake;
 mod host;
 mod http;
 
