@@ -87,10 +87,19 @@ fn query_scan_with_a_device_model_returns_the_selected_rows() {
 struct NodeProc(Child, String);
 
 impl NodeProc {
-    fn start(dir: &std::path::Path) -> NodeProc {
+    /// A node with `extra` flags, on a loopback port unless they say
+    /// `--listen`.
+    fn start(dir: &std::path::Path, extra: &[&std::ffi::OsStr]) -> NodeProc {
+        let listen: &[&str] = if extra.contains(&"--listen".as_ref()) {
+            &[]
+        } else {
+            &["--listen", "127.0.0.1:0"]
+        };
         let mut c = Command::new(env!("CARGO_BIN_EXE_rebound"))
-            .args(["node", "--listen", "127.0.0.1:0", "--dir"])
+            .args(["node", "--dir"])
             .arg(dir)
+            .args(listen)
+            .args(extra)
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
@@ -111,25 +120,57 @@ impl Drop for NodeProc {
     }
 }
 
+/// Writes `text` to `path` with mode 0600 (a token or members file).
+fn write_private(path: &std::path::Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+}
+
 #[test]
 fn query_runs_on_nodes_given_by_address_and_names_an_unreachable_one() {
+    // The secure set-up of the README: a generated token, a members file.
     let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    let (ok, _, err) = rebound(&["node", "--generate-token", token.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let members = dir.path().join("members");
+    write_private(&members, "");
+    let flags = [
+        "--token-file".as_ref(),
+        token.as_os_str(),
+        "--members-file".as_ref(),
+        members.as_os_str(),
+    ];
     let nodes: Vec<NodeProc> = (0..5)
-        .map(|i| NodeProc::start(&dir.path().join(format!("n{i}"))))
+        .map(|i| NodeProc::start(&dir.path().join(format!("n{i}")), &flags))
         .collect();
     let addrs: Vec<String> = nodes.iter().map(|n| n.1.clone()).collect();
+    write_private(&members, &addrs.join("\n"));
     let list = addrs.join(",");
-    let (ok, out, err) = rebound(&[
-        "query",
-        "--sf",
-        "0.01",
-        "--layout",
-        "parity",
-        "--format",
-        "csv",
-        "--node-addrs",
-        &list,
-    ]);
+    let query = |token: Option<&str>| {
+        let mut args = vec![
+            "query",
+            "--sf",
+            "0.01",
+            "--layout",
+            "parity",
+            "--format",
+            "csv",
+            "--node-addrs",
+            &list,
+        ];
+        args.extend(token.iter().flat_map(|t| ["--token-file", *t]));
+        rebound(&args)
+    };
+    // Without the token, the first node refuses the host.
+    let (ok, _, err) = query(None);
+    assert!(!ok);
+    assert!(
+        err.contains("main 0") && err.contains("unauthenticated"),
+        "{err}"
+    );
+    let (ok, out, err) = query(Some(token.to_str().unwrap()));
     assert!(ok, "{err}");
     assert_eq!(out, Q1_SF001);
     // Data landed in the given nodes' directories, parity on the fifth.
@@ -138,15 +179,7 @@ fn query_runs_on_nodes_given_by_address_and_names_an_unreachable_one() {
 
     // The nodes gone: the error names the first it could not reach.
     drop(nodes);
-    let (ok, _, err) = rebound(&[
-        "query",
-        "--sf",
-        "0.01",
-        "--layout",
-        "parity",
-        "--node-addrs",
-        &list,
-    ]);
+    let (ok, _, err) = query(Some(token.to_str().unwrap()));
     assert!(!ok);
     assert!(
         err.contains("main 0") && err.contains("unreachable"),
@@ -295,4 +328,59 @@ fn fault_flags_that_do_not_fit_are_refused() {
         assert!(!ok, "{args:?} succeeded");
         assert!(err.contains(expect), "{args:?}: {err}");
     }
+}
+
+#[test]
+fn node_refuses_a_token_file_others_can_read_and_a_public_bind_without_a_token() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    let t = token.to_str().unwrap();
+    let (ok, out, err) = rebound(&["node", "--generate-token", t]);
+    assert!(ok && out.contains(t), "{err}");
+    let mode = std::fs::metadata(&token).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    // Never overwritten.
+    let (ok, _, err) = rebound(&["node", "--generate-token", t]);
+    assert!(!ok && err.contains("File exists"), "{err}");
+
+    let d = dir.path().join("n");
+    let d = d.to_str().unwrap();
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (ok, _, err) = rebound(&[
+        "node",
+        "--dir",
+        d,
+        "--token-file",
+        t,
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    assert!(!ok);
+    assert!(
+        err.contains("--token-file") && err.contains("mode 0644") && err.contains("chmod 600"),
+        "{err}"
+    );
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+
+    // Every address, without a token: refused, saying what to do.
+    let (ok, _, err) = rebound(&["node", "--dir", d, "--listen", "0.0.0.0:0"]);
+    assert!(!ok);
+    assert!(
+        err.contains("refusing to listen on 0.0.0.0:")
+            && err.contains("--token-file")
+            && err.contains("--insecure"),
+        "{err}"
+    );
+    // With the token it serves there.
+    let n = NodeProc::start(
+        std::path::Path::new(d),
+        &[
+            "--listen".as_ref(),
+            "0.0.0.0:0".as_ref(),
+            "--token-file".as_ref(),
+            token.as_os_str(),
+        ],
+    );
+    assert!(n.1.starts_with("0.0.0.0:"), "{}", n.1);
 }
