@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
-use smartstore::access::{Credentials, Members, NodeAccess, Token};
+use smartstore::access::{Credentials, Members, NodeAccess, NodeTls, Token};
 use smartstore::devmodel::DeviceModel;
 use smartstore::host::{Cluster, ClusterSpec, Launcher, Layout, Progress, Query, QueryReport};
 use smartstore::recovery::{FailMode, Fault, Scheme};
@@ -76,7 +76,16 @@ pub struct NodeArgs {
     /// suffixes.
     #[arg(long, default_value = "1G")]
     max_put_bytes: String,
-    /// Listen on a non-loopback address without --token-file: anyone who reaches the port
+    /// Serve Arrow Flight over TLS with the certificates in this directory (ca-cert.pem,
+    /// server-cert.pem, server-key.pem; client-cert.pem and client-key.pem, if there, for
+    /// reaching peers), and reach peers over TLS.
+    #[arg(long)]
+    tls_certificates: Option<PathBuf>,
+    /// With --tls-certificates: demand a client certificate signed by ca-cert.pem (mutual
+    /// TLS, which authenticates callers without a token).
+    #[arg(long, requires = "tls_certificates")]
+    tls_verify_peer: bool,
+    /// Listen on a non-loopback address without --token-file or --tls-verify-peer: anyone who reaches the port
     /// reads and writes every object and runs plan fragments.
     #[arg(long)]
     insecure: bool,
@@ -106,10 +115,15 @@ fn node_access(args: &NodeArgs) -> anyhow::Result<NodeAccess> {
     let max_put_bytes = controller::parse_size(&args.max_put_bytes)
         .map_err(|e| anyhow::anyhow!("--max-put-bytes: {e}"))?;
     anyhow::ensure!(max_put_bytes > 0, "--max-put-bytes: must be above 0");
+    let tls = match &args.tls_certificates {
+        Some(dir) => Some(NodeTls::load(dir, args.tls_verify_peer).context("--tls-certificates")?),
+        None => None,
+    };
     Ok(NodeAccess {
         token,
         members,
         max_put_bytes,
+        tls,
     })
 }
 
@@ -120,12 +134,12 @@ fn check_exposure(
     access: &NodeAccess,
     insecure: bool,
 ) -> anyhow::Result<()> {
-    if access.token.is_some() || addr.ip().is_loopback() {
+    if access.authenticates() || addr.ip().is_loopback() {
         return Ok(());
     }
     anyhow::ensure!(
         insecure,
-        "refusing to listen on {addr} without --token-file: anyone who reaches that address \
+        "refusing to listen on {addr} without --token-file or --tls-verify-peer: anyone who reaches that address \
          could read and write every object of this node and run plan fragments on it. Give \
          --token-file (make one with `rebound node --generate-token PATH`), listen on \
          127.0.0.1, or pass --insecure"
@@ -242,6 +256,10 @@ pub struct QueryArgs {
     /// fresh token of their own.
     #[arg(long, requires = "node_addrs")]
     token_file: Option<PathBuf>,
+    /// Reach the nodes of --node-addrs over TLS: ca-cert.pem verifies them, client-cert.pem
+    /// and client-key.pem (if there) are presented for mutual TLS.
+    #[arg(long, requires = "node_addrs")]
+    tls_certificates: Option<PathBuf>,
     /// Directory for local nodes' data (default: a temporary directory, removed at exit).
     #[arg(long)]
     work_dir: Option<PathBuf>,
@@ -435,9 +453,15 @@ async fn start_or_connect(
         let exe = std::env::current_exe().context("locating the rebound binary")?;
         return Ok(Cluster::launch(spec, &Launcher::Process(exe), work).await?);
     }
-    let credentials = match &args.token_file {
-        Some(p) => Credentials::token(Token::read(p).context("--token-file")?),
-        None => Credentials::default(),
+    let credentials = Credentials {
+        token: match &args.token_file {
+            Some(p) => Some(Token::read(p).context("--token-file")?),
+            None => None,
+        },
+        tls: match &args.tls_certificates {
+            Some(d) => Some(smartstore::access::client_config(d).context("--tls-certificates")?),
+            None => None,
+        },
     };
     Ok(Cluster::connect_with(spec, &args.node_addrs, &credentials).await?)
 }

@@ -120,6 +120,33 @@ impl Drop for NodeProc {
     }
 }
 
+/// A CA and a certificate for 127.0.0.1 (server and client use, also as
+/// the host's client certificate) in `dir`, in the `--tls-certificates`
+/// layout; false when there is no openssl command.
+fn make_certificates(dir: &std::path::Path) -> bool {
+    std::fs::create_dir_all(dir).unwrap();
+    let script = r#"set -e
+ec="-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
+openssl req -x509 $ec -keyout ca-key.pem -out ca-cert.pem -days 2 -subj /CN=rebound-test-ca
+openssl req $ec -keyout server-key.pem -out server.csr -subj /CN=node
+printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n' > ext
+openssl x509 -req -in server.csr -CA ca-cert.pem -CAkey ca-key.pem -CAcreateserial -days 2 -extfile ext -out server-cert.pem
+chmod 600 server-key.pem
+cp server-cert.pem client-cert.pem && cp -p server-key.pem client-key.pem"#;
+    if Command::new("openssl").arg("version").output().is_err() {
+        return false;
+    }
+    match Command::new("sh")
+        .args(["-c", script])
+        .current_dir(dir)
+        .output()
+    {
+        Ok(out) if out.status.success() => true,
+        Ok(out) => panic!("openssl: {}", String::from_utf8_lossy(&out.stderr)),
+        Err(e) => panic!("sh: {e}"),
+    }
+}
+
 /// Writes `text` to `path` with mode 0600 (a token or members file).
 fn write_private(path: &std::path::Path, text: &str) {
     use std::os::unix::fs::PermissionsExt;
@@ -136,12 +163,19 @@ fn query_runs_on_nodes_given_by_address_and_names_an_unreachable_one() {
     assert!(ok, "{err}");
     let members = dir.path().join("members");
     write_private(&members, "");
-    let flags = [
+    // And mutual TLS where the openssl command can make certificates.
+    let certs = dir.path().join("tls");
+    let tls = make_certificates(&certs);
+    let mut flags = vec![
         "--token-file".as_ref(),
         token.as_os_str(),
         "--members-file".as_ref(),
         members.as_os_str(),
     ];
+    if tls {
+        flags.extend(["--tls-certificates".as_ref(), certs.as_os_str()]);
+        flags.push("--tls-verify-peer".as_ref());
+    }
     let nodes: Vec<NodeProc> = (0..5)
         .map(|i| NodeProc::start(&dir.path().join(format!("n{i}")), &flags))
         .collect();
@@ -161,6 +195,9 @@ fn query_runs_on_nodes_given_by_address_and_names_an_unreachable_one() {
             &list,
         ];
         args.extend(token.iter().flat_map(|t| ["--token-file", *t]));
+        if tls {
+            args.extend(["--tls-certificates", certs.to_str().unwrap()]);
+        }
         rebound(&args)
     };
     // Without the token, the first node refuses the host.
@@ -215,6 +252,10 @@ fn bad_query_and_node_flags_are_refused_with_the_setting_named() {
         (
             vec!["node", "--dir", "/proc/forbidden/x"],
             "/proc/forbidden/x",
+        ),
+        (
+            vec!["node", "--dir", "/tmp/x", "--tls-verify-peer"],
+            "--tls-certificates",
         ),
         (
             vec!["node", "--dir", "/tmp/x", "--listen", "nowhere"],

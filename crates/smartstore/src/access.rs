@@ -19,9 +19,29 @@
 //!   learns its local nodes' ports). A transfer names only members; any
 //!   other address is refused before a connection is opened, naming it. A
 //!   node told no members makes no transfers at all.
+//! - **TLS** ([`NodeTls`], optional): rustls through tonic, certificates
+//!   in one directory (below); with `verify_peer` a caller must present a
+//!   certificate of the cluster's CA (mutual TLS), which authenticates it
+//!   on its own.
 //! - **The put limit** ([`DEFAULT_MAX_PUT_BYTES`]): a put whose messages
 //!   add up to more is refused while it streams, at the first message past
 //!   the limit, so a node never buffers more than that for one put.
+//!
+//! ## TLS certificates
+//!
+//! One directory, the layout qemu, nbdkit and rebound's NBD side use:
+//!
+//! | file | used by | what |
+//! |---|---|---|
+//! | `ca-cert.pem` | every process | the CA that signed every node's certificate (and clients' for mutual TLS) |
+//! | `server-cert.pem`, `server-key.pem` | a node | the node's certificate (its SAN names the address clients dial) and key |
+//! | `client-cert.pem`, `client-key.pem` | the host, a node reaching a peer | the client's certificate for mutual TLS; a node without them presents its server certificate (issue it for clientAuth too) |
+//!
+//! Key files must be private like a token file (mode 0600, this user's).
+//! A client verifies the node's certificate against `ca-cert.pem` for the
+//! host or IP address it dials. With `verify_peer` a node also demands a
+//! client certificate signed by that CA: mutual TLS, which authenticates
+//! callers on its own (a token may still be required on top).
 //!
 //! Invariants: a node with a token runs no handler for a call without it;
 //! no transfer connects to an address outside the members it holds at the
@@ -34,6 +54,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tonic::metadata::{Ascii, MetadataValue};
+use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
 use tonic::{Request, Status};
 
 use crate::error::{Error, Result};
@@ -136,7 +157,7 @@ impl Token {
 
 /// Refuses `path` unless it is a regular file owned by this process's user
 /// (or root) and neither readable nor writable by group or others.
-fn check_private(path: &Path, what: &str) -> Result<()> {
+pub fn check_private(path: &Path, what: &str) -> Result<()> {
     let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
     if !meta.is_file() {
         return Err(Error::Invalid(format!(
@@ -262,6 +283,8 @@ pub struct NodeAccess {
     pub members: Option<Members>,
     /// The most bytes one put may bring in.
     pub max_put_bytes: u64,
+    /// TLS on its Flight service and to its peers (none: plaintext).
+    pub tls: Option<NodeTls>,
 }
 
 impl Default for NodeAccess {
@@ -270,6 +293,7 @@ impl Default for NodeAccess {
             token: None,
             members: None,
             max_put_bytes: DEFAULT_MAX_PUT_BYTES,
+            tls: None,
         }
     }
 }
@@ -293,11 +317,18 @@ impl NodeAccess {
         }
     }
 
-    /// The credentials this node presents to its peers: its own token.
+    /// The credentials this node presents to its peers: its own token,
+    /// and its TLS client side.
     pub fn credentials(&self) -> Credentials {
         Credentials {
             token: self.token.clone(),
+            tls: self.tls.as_ref().map(|t| t.client.clone()),
         }
+    }
+
+    /// Whether callers are authenticated (a token, or mutual TLS).
+    pub fn authenticates(&self) -> bool {
+        self.token.is_some() || self.tls.as_ref().is_some_and(|t| t.verify_peer)
     }
 }
 
@@ -306,12 +337,17 @@ impl NodeAccess {
 pub struct Credentials {
     /// The cluster token, sent on every call.
     pub token: Option<Token>,
+    /// TLS (none: plaintext).
+    pub tls: Option<ClientTlsConfig>,
 }
 
 impl Credentials {
     /// Presenting `token`.
     pub fn token(token: Token) -> Credentials {
-        Credentials { token: Some(token) }
+        Credentials {
+            token: Some(token),
+            tls: None,
+        }
     }
 
     /// The client-side interceptor adding them to each call.
@@ -380,6 +416,85 @@ impl tonic::service::Interceptor for TokenCheck {
              (--token-file)"
         )))
     }
+}
+
+/// The CA certificate's file name.
+pub const CA_CERT: &str = "ca-cert.pem";
+/// The node's certificate's file name.
+pub const SERVER_CERT: &str = "server-cert.pem";
+/// The node's key's file name.
+pub const SERVER_KEY: &str = "server-key.pem";
+/// A client's certificate's file name (mutual TLS).
+pub const CLIENT_CERT: &str = "client-cert.pem";
+/// A client's key's file name (mutual TLS).
+pub const CLIENT_KEY: &str = "client-key.pem";
+
+/// A node's TLS: how it serves, and how it reaches its peers.
+#[derive(Clone)]
+pub struct NodeTls {
+    /// Its server side.
+    pub server: ServerTlsConfig,
+    /// Its client side, for transfers.
+    pub client: ClientTlsConfig,
+    /// Whether callers must present a certificate of the CA.
+    pub verify_peer: bool,
+}
+
+impl std::fmt::Debug for NodeTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeTls")
+            .field("verify_peer", &self.verify_peer)
+            .finish_non_exhaustive()
+    }
+}
+
+fn read(dir: &Path, name: &str) -> Result<Vec<u8>> {
+    let path = dir.join(name);
+    std::fs::read(&path).map_err(|e| Error::io(path, e))
+}
+
+fn read_key(dir: &Path, name: &str) -> Result<Vec<u8>> {
+    check_private(&dir.join(name), "TLS key")?;
+    read(dir, name)
+}
+
+impl NodeTls {
+    /// A node's TLS from the certificates in `dir`.
+    pub fn load(dir: &Path, verify_peer: bool) -> Result<NodeTls> {
+        let ca = Certificate::from_pem(read(dir, CA_CERT)?);
+        let identity = Identity::from_pem(read(dir, SERVER_CERT)?, read_key(dir, SERVER_KEY)?);
+        let mut server = ServerTlsConfig::new().identity(identity);
+        if verify_peer {
+            server = server.client_ca_root(ca);
+        }
+        let mut client = client_config(dir)?;
+        if !dir.join(CLIENT_CERT).exists() {
+            // Its own certificate for mutual TLS with its peers.
+            client = client.identity(Identity::from_pem(
+                read(dir, SERVER_CERT)?,
+                read_key(dir, SERVER_KEY)?,
+            ));
+        }
+        Ok(NodeTls {
+            server,
+            client,
+            verify_peer,
+        })
+    }
+}
+
+/// A client's TLS from the certificates in `dir`: the CA, and the client's
+/// certificate when the directory has one.
+pub fn client_config(dir: &Path) -> Result<ClientTlsConfig> {
+    let mut client =
+        ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(dir, CA_CERT)?));
+    if dir.join(CLIENT_CERT).exists() {
+        client = client.identity(Identity::from_pem(
+            read(dir, CLIENT_CERT)?,
+            read_key(dir, CLIENT_KEY)?,
+        ));
+    }
+    Ok(client)
 }
 
 #[cfg(test)]

@@ -50,12 +50,22 @@ impl NodeClient {
         credentials: &Credentials,
     ) -> Result<NodeClient> {
         let err = |m: String| Error::node(label, m);
-        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+        let scheme = if credentials.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
             .map_err(|e| err(format!("bad address {addr:?}: {e}")))?
             .connect_timeout(CONNECT_TIMEOUT)
             .initial_stream_window_size(Some(FLOW_WINDOW))
             .initial_connection_window_size(Some(FLOW_WINDOW))
             .tcp_nodelay(true);
+        if let Some(tls) = &credentials.tls {
+            endpoint = endpoint
+                .tls_config(tls.clone())
+                .map_err(|e| err(format!("TLS: {e}{}", source_chain(&e))))?;
+        }
         let channel = endpoint.connect().await.map_err(|e| Error::NodeLost {
             node: label.to_string(),
             message: format!("unreachable: {e}{}", source_chain(&e)),

@@ -453,6 +453,7 @@ fn guarded_node(
         token: Some(token.clone()),
         members: Some(Members::File(members.to_path_buf())),
         max_put_bytes,
+        tls: None,
     };
     smartstore::node::InProcessNode::start_with(dir, DeviceModel::None, access).unwrap()
 }
@@ -681,5 +682,104 @@ fn a_put_over_the_limit_is_refused_while_streaming_and_the_node_stays_healthy() 
             .unwrap();
         let (_, back) = c.get_table("lineitem", None, None).await.unwrap();
         assert_eq!(back, vec![small]);
+    });
+}
+
+/// A CA and a certificate for 127.0.0.1 (server and client use) in `dir`,
+/// in the `--tls-certificates` layout, made with the openssl command; false
+/// when there is no openssl.
+fn make_certificates(dir: &std::path::Path) -> bool {
+    let script = r#"set -e
+ec="-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
+openssl req -x509 $ec -keyout ca-key.pem -out ca-cert.pem -days 2 -subj /CN=rebound-test-ca
+openssl req $ec -keyout server-key.pem -out server.csr -subj /CN=node
+printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n' > ext
+openssl x509 -req -in server.csr -CA ca-cert.pem -CAkey ca-key.pem -CAcreateserial -days 2 -extfile ext -out server-cert.pem
+chmod 600 server-key.pem"#;
+    if std::process::Command::new("openssl")
+        .arg("version")
+        .output()
+        .is_err()
+    {
+        return false;
+    }
+    match std::process::Command::new("sh")
+        .args(["-c", script])
+        .current_dir(dir)
+        .output()
+    {
+        Ok(out) if out.status.success() => true,
+        Ok(out) => panic!("openssl: {}", String::from_utf8_lossy(&out.stderr)),
+        Err(e) => panic!("sh: {e}"),
+    }
+}
+
+#[test]
+fn mutual_tls_nodes_serve_only_clients_with_a_certificate_of_the_cluster_ca() {
+    use smartstore::access::{Credentials, Members, NodeAccess, NodeTls, client_config};
+    use smartstore::client::NodeClient;
+    use smartstore::node::CheckpointCmd;
+    let certs = tempfile::tempdir().unwrap();
+    if !make_certificates(certs.path()) {
+        eprintln!("skipped: no openssl command to make certificates");
+        return;
+    }
+    let rt = rt();
+    rt.block_on(async {
+        let work = tempfile::tempdir().unwrap();
+        let tls_node = |dir: &str, members: &[String]| {
+            let access = NodeAccess {
+                tls: Some(NodeTls::load(certs.path(), true).unwrap()),
+                members: Some(Members::list(members).unwrap()),
+                ..NodeAccess::default()
+            };
+            let dir = work.path().join(dir);
+            smartstore::node::InProcessNode::start_with(&dir, DeviceModel::None, access).unwrap()
+        };
+        let peer = tls_node("peer", &[]);
+        let n = tls_node("n", std::slice::from_ref(&peer.addr));
+        // The node's own client side (CA + its certificate) is served.
+        let tls = NodeTls::load(certs.path(), true).unwrap().client;
+        let creds = Credentials {
+            token: None,
+            tls: Some(tls),
+        };
+        let mut c = NodeClient::connect_with(&n.addr, "main 0", &creds)
+            .await
+            .unwrap();
+        let (schema, batches) = tpch::lineitem(SF).unwrap();
+        c.put_table("lineitem", schema, batches[..1].to_vec())
+            .await
+            .unwrap();
+        let (_, back) = c.get_table("lineitem", None, None).await.unwrap();
+        assert_eq!(
+            back.iter().map(|b| b.num_rows()).sum::<usize>(),
+            batches[0].num_rows()
+        );
+        // Nodes reach each other over mutual TLS too.
+        let ckpt = CheckpointCmd {
+            object: "lineitem".into(),
+            target: peer.addr.clone(),
+            as_name: "lineitem.ckpt".into(),
+            parity: None,
+        };
+        c.checkpoint(&ckpt).await.unwrap();
+        assert!(work.path().join("peer/lineitem.ckpt.obj").is_file());
+        // Plaintext, and TLS without a client certificate, are not served.
+        let no_cert = Credentials {
+            token: None,
+            tls: Some(client_config(certs.path()).unwrap()),
+        };
+        for (who, creds) in [
+            ("plaintext", Credentials::default()),
+            ("no client certificate", no_cert),
+        ] {
+            let refused = match NodeClient::connect_with(&n.addr, "main 0", &creds).await {
+                Err(e) => e.to_string(),
+                Ok(mut c) => c.ping().await.unwrap_err().to_string(),
+            };
+            assert!(refused.contains("main 0"), "{who}: {refused}");
+        }
+        c.ping().await.unwrap();
     });
 }

@@ -320,12 +320,19 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<()> {
     let token_check = node.token_check.clone();
+    let node_tls = node.access.tls.as_ref().map(|t| t.server.clone());
     let svc = FlightServiceServer::new(NodeService(node))
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE);
     // The token is checked before any handler runs.
     let svc = tonic::service::interceptor::InterceptedService::new(svc, token_check);
-    tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = &node_tls {
+        builder = builder
+            .tls_config(tls.clone())
+            .map_err(|e| Error::node("self", format!("TLS: {e}")))?;
+    }
+    builder
         .initial_stream_window_size(Some(FLOW_WINDOW))
         .initial_connection_window_size(Some(FLOW_WINDOW))
         .add_service(svc)
