@@ -71,6 +71,9 @@ pub const TOKEN_CHARS_MIN: usize = 16;
 /// Random bytes in a generated token (hex-encoded: twice as many characters).
 const TOKEN_RANDOM_BYTES: usize = 32;
 
+/// Refused calls each logged; past them only every power of two is.
+const REFUSALS_LOGGED_ALL: u64 = 16;
+
 /// The metadata header a token travels in.
 const AUTHORIZATION: &str = "authorization";
 
@@ -407,10 +410,14 @@ impl tonic::service::Interceptor for TokenCheck {
             None => "no cluster token (authorization: Bearer <token>)",
         };
         let n = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
-        let peer = request
-            .remote_addr()
-            .map_or_else(|| "unknown peer".to_string(), |a| a.to_string());
-        tracing::warn!("refused a call from {peer}: {why} ({n} refused so far)");
+        // The first refusals, then one per power of two: a client hammering
+        // the node cannot flood its log.
+        if n <= REFUSALS_LOGGED_ALL || n.is_power_of_two() {
+            let peer = request
+                .remote_addr()
+                .map_or_else(|| "unknown peer".to_string(), |a| a.to_string());
+            tracing::warn!("refused a call from {peer}: {why} ({n} refused so far)");
+        }
         Err(Status::unauthenticated(format!(
             "{why}: this storage node accepts only calls carrying its cluster token \
              (--token-file)"
