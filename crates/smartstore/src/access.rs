@@ -13,7 +13,8 @@
 //!   node's [`TokenCheck`] interceptor compares it in constant time and
 //!   answers any other call `unauthenticated`, counting and logging it.
 //!   A node started without a token accepts every call: the `rebound node`
-//!   command allows that only on a loopback address (or with `--insecure`).
+//!   command allows that only on a loopback address, with mutual TLS
+//!   (which authenticates callers itself), or with `--insecure`.
 //! - **The members** ([`Members`]): the addresses of the cluster's nodes,
 //!   given to a node at start (a list, or a file the host rewrites when it
 //!   learns its local nodes' ports). A transfer names only members; any
