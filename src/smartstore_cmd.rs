@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
+use smartstore::access::{Credentials, Members, NodeAccess, NodeTls, Token};
 use smartstore::devmodel::DeviceModel;
 use smartstore::host::{Cluster, ClusterSpec, Launcher, Layout, Progress, Query, QueryReport};
 use smartstore::recovery::{FailMode, Fault, Scheme};
@@ -43,8 +44,8 @@ impl ModelArg {
 #[derive(Debug, Args)]
 pub struct NodeArgs {
     /// Directory holding this node's partitions, checkpoints and parity (created if missing).
-    #[arg(long)]
-    dir: PathBuf,
+    #[arg(long, required_unless_present = "generate_token")]
+    dir: Option<PathBuf>,
     /// Address to listen on for Arrow Flight (port 0: any free port; the address is printed).
     #[arg(long, default_value = "127.0.0.1:7400")]
     listen: String,
@@ -54,6 +55,40 @@ pub struct NodeArgs {
     /// Memory for caching objects of the device (the paper's nodes: 64 MB); K, M, G suffixes.
     #[arg(long, default_value = "64M")]
     memory: String,
+    /// File holding the cluster token every call must carry (mode 0600, owned by this user;
+    /// `--generate-token` writes one). Without it the node accepts any caller, and listens
+    /// only on a loopback address unless --insecure.
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// Write a fresh random cluster token to this file (mode 0600; never overwritten) and exit.
+    #[arg(long, conflicts_with_all = ["token_file", "dir"])]
+    generate_token: Option<PathBuf>,
+    /// Comma-separated addresses (host:port) of the cluster's nodes: the only ones this
+    /// node's checkpoint, scatter and rebuild connect to. Without it or --members-file the
+    /// node makes no transfers.
+    #[arg(long, value_delimiter = ',', conflicts_with = "members_file")]
+    members: Vec<String>,
+    /// File of the cluster's node addresses (comma- or line-separated, mode 0600), read at
+    /// each transfer.
+    #[arg(long)]
+    members_file: Option<PathBuf>,
+    /// Largest put this node accepts; a larger one is refused while it streams. K, M, G
+    /// suffixes.
+    #[arg(long, default_value = "1G")]
+    max_put_bytes: String,
+    /// Serve Arrow Flight over TLS with the certificates in this directory (ca-cert.pem,
+    /// server-cert.pem, server-key.pem; client-cert.pem and client-key.pem, if there, for
+    /// reaching peers), and reach peers over TLS.
+    #[arg(long)]
+    tls_certificates: Option<PathBuf>,
+    /// With --tls-certificates: demand a client certificate signed by ca-cert.pem (mutual
+    /// TLS, which authenticates callers without a token).
+    #[arg(long, requires = "tls_certificates")]
+    tls_verify_peer: bool,
+    /// Listen on a non-loopback address without --token-file or --tls-verify-peer: anyone who reaches the port
+    /// reads and writes every object and runs plan fragments.
+    #[arg(long)]
+    insecure: bool,
 }
 
 /// `--memory`, in the one size grammar of every flag (`64M`, `1GiB`).
@@ -62,13 +97,74 @@ fn parse_memory(s: &str) -> anyhow::Result<usize> {
     usize::try_from(bytes).map_err(|_| anyhow::anyhow!("--memory {s:?}: too large"))
 }
 
+/// What `rebound node`'s flags allow: its token, members and put limit.
+fn node_access(args: &NodeArgs) -> anyhow::Result<NodeAccess> {
+    let token = match &args.token_file {
+        Some(p) => Some(Token::read(p).context("--token-file")?),
+        None => None,
+    };
+    let members = match (&args.members_file, args.members.is_empty()) {
+        (Some(p), _) => {
+            let m = Members::File(p.clone());
+            m.addrs().context("--members-file")?;
+            Some(m)
+        }
+        (None, false) => Some(Members::list(&args.members).context("--members")?),
+        (None, true) => None,
+    };
+    let max_put_bytes = controller::parse_size(&args.max_put_bytes)
+        .map_err(|e| anyhow::anyhow!("--max-put-bytes: {e}"))?;
+    anyhow::ensure!(max_put_bytes > 0, "--max-put-bytes: must be above 0");
+    let tls = match &args.tls_certificates {
+        Some(dir) => Some(NodeTls::load(dir, args.tls_verify_peer).context("--tls-certificates")?),
+        None => None,
+    };
+    Ok(NodeAccess {
+        token,
+        members,
+        max_put_bytes,
+        tls,
+    })
+}
+
+/// Refuses to serve on a non-loopback address without a token: anyone who
+/// reaches it could read and write every object and run plan fragments.
+fn check_exposure(
+    addr: std::net::SocketAddr,
+    access: &NodeAccess,
+    insecure: bool,
+) -> anyhow::Result<()> {
+    if access.authenticates() || addr.ip().is_loopback() {
+        return Ok(());
+    }
+    anyhow::ensure!(
+        insecure,
+        "refusing to listen on {addr} without --token-file or --tls-verify-peer: anyone who reaches that address \
+         could read and write every object of this node and run plan fragments on it. Give \
+         --token-file (make one with `rebound node --generate-token PATH`), listen on \
+         127.0.0.1, or pass --insecure"
+    );
+    tracing::warn!(
+        "listening on {addr} without a cluster token (--insecure): any caller is served"
+    );
+    Ok(())
+}
+
 /// Serves one storage node until SIGINT or SIGTERM.
 pub fn node(args: NodeArgs) -> anyhow::Result<ExitCode> {
+    if let Some(path) = &args.generate_token {
+        Token::generate(path).context("--generate-token")?;
+        println!("wrote a cluster token to {}", path.display());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let dir = args.dir.clone().expect("clap requires --dir");
+    let access = node_access(&args)?;
     if !smartstore::node::keep_heap_warm() {
         tracing::warn!("mallopt refused the heap thresholds; node runs with glibc's defaults");
     }
     let memory = parse_memory(&args.memory)?;
-    let node = smartstore::node::Node::open(&args.dir, args.device_model.model(), memory)?;
+    let insecure = args.insecure;
+    let node = smartstore::node::Node::open_with(&dir, args.device_model.model(), memory, access)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -78,6 +174,7 @@ pub fn node(args: NodeArgs) -> anyhow::Result<ExitCode> {
             .await
             .with_context(|| format!("listening on {}", args.listen))?;
         let addr = listener.local_addr()?;
+        check_exposure(addr, node.access(), insecure)?;
         // The host reads this line to learn the port.
         println!("smartstore node listening on {addr}");
         std::io::stdout().flush()?;
@@ -155,6 +252,14 @@ pub struct QueryArgs {
     /// nodes, then mirror nodes or the parity node. Without it, local nodes are started.
     #[arg(long, value_delimiter = ',')]
     node_addrs: Vec<String>,
+    /// The cluster token of the nodes given by --node-addrs (mode 0600). Local nodes get a
+    /// fresh token of their own.
+    #[arg(long, requires = "node_addrs")]
+    token_file: Option<PathBuf>,
+    /// Reach the nodes of --node-addrs over TLS: ca-cert.pem verifies them, client-cert.pem
+    /// and client-key.pem (if there) are presented for mutual TLS.
+    #[arg(long, requires = "node_addrs")]
+    tls_certificates: Option<PathBuf>,
     /// Directory for local nodes' data (default: a temporary directory, removed at exit).
     #[arg(long)]
     work_dir: Option<PathBuf>,
@@ -288,12 +393,7 @@ pub fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
             args.sf,
             t.elapsed().as_secs_f64()
         ));
-        let mut cluster = if args.node_addrs.is_empty() {
-            let exe = std::env::current_exe().context("locating the rebound binary")?;
-            Cluster::launch(spec, &Launcher::Process(exe), &work).await?
-        } else {
-            Cluster::connect(spec, &args.node_addrs).await?
-        };
+        let mut cluster = start_or_connect(&args, spec, &work).await?;
         let spinner = indicatif::ProgressBar::new_spinner();
         if fault.is_some() && !args.quiet {
             cluster.progress = Some(recovery_progress(&spinner));
@@ -340,6 +440,30 @@ pub fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
         }
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// Local nodes started under `work` (with a fresh token), or the running
+/// ones of `--node-addrs` reached with `--token-file`'s token.
+async fn start_or_connect(
+    args: &QueryArgs,
+    spec: ClusterSpec,
+    work: &std::path::Path,
+) -> anyhow::Result<Cluster> {
+    if args.node_addrs.is_empty() {
+        let exe = std::env::current_exe().context("locating the rebound binary")?;
+        return Ok(Cluster::launch(spec, &Launcher::Process(exe), work).await?);
+    }
+    let credentials = Credentials {
+        token: match &args.token_file {
+            Some(p) => Some(Token::read(p).context("--token-file")?),
+            None => None,
+        },
+        tls: match &args.tls_certificates {
+            Some(d) => Some(smartstore::access::client_config(d).context("--tls-certificates")?),
+            None => None,
+        },
+    };
+    Ok(Cluster::connect_with(spec, &args.node_addrs, &credentials).await?)
 }
 
 fn print_result(report: &QueryReport, format: Format) -> anyhow::Result<()> {

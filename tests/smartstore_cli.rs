@@ -87,10 +87,19 @@ fn query_scan_with_a_device_model_returns_the_selected_rows() {
 struct NodeProc(Child, String);
 
 impl NodeProc {
-    fn start(dir: &std::path::Path) -> NodeProc {
+    /// A node with `extra` flags, on a loopback port unless they say
+    /// `--listen`.
+    fn start(dir: &std::path::Path, extra: &[&std::ffi::OsStr]) -> NodeProc {
+        let listen: &[&str] = if extra.contains(&"--listen".as_ref()) {
+            &[]
+        } else {
+            &["--listen", "127.0.0.1:0"]
+        };
         let mut c = Command::new(env!("CARGO_BIN_EXE_rebound"))
-            .args(["node", "--listen", "127.0.0.1:0", "--dir"])
+            .args(["node", "--dir"])
             .arg(dir)
+            .args(listen)
+            .args(extra)
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
@@ -111,25 +120,94 @@ impl Drop for NodeProc {
     }
 }
 
+/// A CA and a certificate for 127.0.0.1 (server and client use, also as
+/// the host's client certificate) in `dir`, in the `--tls-certificates`
+/// layout; false when there is no openssl command.
+fn make_certificates(dir: &std::path::Path) -> bool {
+    std::fs::create_dir_all(dir).unwrap();
+    let script = r#"set -e
+ec="-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
+openssl req -x509 $ec -keyout ca-key.pem -out ca-cert.pem -days 2 -subj /CN=rebound-test-ca
+openssl req $ec -keyout server-key.pem -out server.csr -subj /CN=node
+printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n' > ext
+openssl x509 -req -in server.csr -CA ca-cert.pem -CAkey ca-key.pem -CAcreateserial -days 2 -extfile ext -out server-cert.pem
+chmod 600 server-key.pem
+cp server-cert.pem client-cert.pem && cp -p server-key.pem client-key.pem"#;
+    if Command::new("openssl").arg("version").output().is_err() {
+        return false;
+    }
+    match Command::new("sh")
+        .args(["-c", script])
+        .current_dir(dir)
+        .output()
+    {
+        Ok(out) if out.status.success() => true,
+        Ok(out) => panic!("openssl: {}", String::from_utf8_lossy(&out.stderr)),
+        Err(e) => panic!("sh: {e}"),
+    }
+}
+
+/// Writes `text` to `path` with mode 0600 (a token or members file).
+fn write_private(path: &std::path::Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+}
+
 #[test]
 fn query_runs_on_nodes_given_by_address_and_names_an_unreachable_one() {
+    // The secure set-up of the README: a generated token, a members file.
     let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    let (ok, _, err) = rebound(&["node", "--generate-token", token.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let members = dir.path().join("members");
+    write_private(&members, "");
+    // And mutual TLS where the openssl command can make certificates.
+    let certs = dir.path().join("tls");
+    let tls = make_certificates(&certs);
+    let mut flags = vec![
+        "--token-file".as_ref(),
+        token.as_os_str(),
+        "--members-file".as_ref(),
+        members.as_os_str(),
+    ];
+    if tls {
+        flags.extend(["--tls-certificates".as_ref(), certs.as_os_str()]);
+        flags.push("--tls-verify-peer".as_ref());
+    }
     let nodes: Vec<NodeProc> = (0..5)
-        .map(|i| NodeProc::start(&dir.path().join(format!("n{i}"))))
+        .map(|i| NodeProc::start(&dir.path().join(format!("n{i}")), &flags))
         .collect();
     let addrs: Vec<String> = nodes.iter().map(|n| n.1.clone()).collect();
+    write_private(&members, &addrs.join("\n"));
     let list = addrs.join(",");
-    let (ok, out, err) = rebound(&[
-        "query",
-        "--sf",
-        "0.01",
-        "--layout",
-        "parity",
-        "--format",
-        "csv",
-        "--node-addrs",
-        &list,
-    ]);
+    let query = |token: Option<&str>| {
+        let mut args = vec![
+            "query",
+            "--sf",
+            "0.01",
+            "--layout",
+            "parity",
+            "--format",
+            "csv",
+            "--node-addrs",
+            &list,
+        ];
+        args.extend(token.iter().flat_map(|t| ["--token-file", *t]));
+        if tls {
+            args.extend(["--tls-certificates", certs.to_str().unwrap()]);
+        }
+        rebound(&args)
+    };
+    // Without the token, the first node refuses the host.
+    let (ok, _, err) = query(None);
+    assert!(!ok);
+    assert!(
+        err.contains("main 0") && err.contains("unauthenticated"),
+        "{err}"
+    );
+    let (ok, out, err) = query(Some(token.to_str().unwrap()));
     assert!(ok, "{err}");
     assert_eq!(out, Q1_SF001);
     // Data landed in the given nodes' directories, parity on the fifth.
@@ -138,15 +216,7 @@ fn query_runs_on_nodes_given_by_address_and_names_an_unreachable_one() {
 
     // The nodes gone: the error names the first it could not reach.
     drop(nodes);
-    let (ok, _, err) = rebound(&[
-        "query",
-        "--sf",
-        "0.01",
-        "--layout",
-        "parity",
-        "--node-addrs",
-        &list,
-    ]);
+    let (ok, _, err) = query(Some(token.to_str().unwrap()));
     assert!(!ok);
     assert!(
         err.contains("main 0") && err.contains("unreachable"),
@@ -182,6 +252,10 @@ fn bad_query_and_node_flags_are_refused_with_the_setting_named() {
         (
             vec!["node", "--dir", "/proc/forbidden/x"],
             "/proc/forbidden/x",
+        ),
+        (
+            vec!["node", "--dir", "/tmp/x", "--tls-verify-peer"],
+            "--tls-certificates",
         ),
         (
             vec!["node", "--dir", "/tmp/x", "--listen", "nowhere"],
@@ -295,4 +369,59 @@ fn fault_flags_that_do_not_fit_are_refused() {
         assert!(!ok, "{args:?} succeeded");
         assert!(err.contains(expect), "{args:?}: {err}");
     }
+}
+
+#[test]
+fn node_refuses_a_token_file_others_can_read_and_a_public_bind_without_a_token() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    let t = token.to_str().unwrap();
+    let (ok, out, err) = rebound(&["node", "--generate-token", t]);
+    assert!(ok && out.contains(t), "{err}");
+    let mode = std::fs::metadata(&token).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    // Never overwritten.
+    let (ok, _, err) = rebound(&["node", "--generate-token", t]);
+    assert!(!ok && err.contains("File exists"), "{err}");
+
+    let d = dir.path().join("n");
+    let d = d.to_str().unwrap();
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (ok, _, err) = rebound(&[
+        "node",
+        "--dir",
+        d,
+        "--token-file",
+        t,
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    assert!(!ok);
+    assert!(
+        err.contains("--token-file") && err.contains("mode 0644") && err.contains("chmod 600"),
+        "{err}"
+    );
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+
+    // Every address, without a token: refused, saying what to do.
+    let (ok, _, err) = rebound(&["node", "--dir", d, "--listen", "0.0.0.0:0"]);
+    assert!(!ok);
+    assert!(
+        err.contains("refusing to listen on 0.0.0.0:")
+            && err.contains("--token-file")
+            && err.contains("--insecure"),
+        "{err}"
+    );
+    // With the token it serves there.
+    let n = NodeProc::start(
+        std::path::Path::new(d),
+        &[
+            "--listen".as_ref(),
+            "0.0.0.0:0".as_ref(),
+            "--token-file".as_ref(),
+            token.as_os_str(),
+        ],
+    );
+    assert!(n.1.starts_with("0.0.0.0:"), "{}", n.1);
 }

@@ -12,8 +12,10 @@ use arrow::record_batch::RecordBatch;
 use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::{Action, FlightData, FlightDescriptor, Ticket};
 use futures::{StreamExt, TryStreamExt};
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::access::{BearerToken, Credentials};
 use crate::error::{Error, Result};
 use crate::plan::Fragment;
 use crate::wire::{
@@ -29,20 +31,41 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 pub struct NodeClient {
     label: String,
     addr: String,
-    inner: FlightServiceClient<Channel>,
+    inner: FlightServiceClient<InterceptedService<Channel, BearerToken>>,
 }
 
 impl NodeClient {
-    /// Connects to the node at `addr` (`host:port`); `label` names it in
+    /// Connects to the node at `addr` (`host:port`) presenting no
+    /// credentials (a node started without a token); `label` names it in
     /// errors (for example `main 2 (127.0.0.1:4000)`).
     pub async fn connect(addr: &str, label: &str) -> Result<NodeClient> {
+        NodeClient::connect_with(addr, label, &Credentials::default()).await
+    }
+
+    /// Connects to the node at `addr`, presenting `credentials` on every
+    /// call.
+    pub async fn connect_with(
+        addr: &str,
+        label: &str,
+        credentials: &Credentials,
+    ) -> Result<NodeClient> {
         let err = |m: String| Error::node(label, m);
-        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+        let scheme = if credentials.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
             .map_err(|e| err(format!("bad address {addr:?}: {e}")))?
             .connect_timeout(CONNECT_TIMEOUT)
             .initial_stream_window_size(Some(FLOW_WINDOW))
             .initial_connection_window_size(Some(FLOW_WINDOW))
             .tcp_nodelay(true);
+        if let Some(tls) = &credentials.tls {
+            endpoint = endpoint
+                .tls_config(tls.clone())
+                .map_err(|e| err(format!("TLS: {e}{}", source_chain(&e))))?;
+        }
         let channel = endpoint.connect().await.map_err(|e| Error::NodeLost {
             node: label.to_string(),
             message: format!("unreachable: {e}{}", source_chain(&e)),
@@ -50,7 +73,7 @@ impl NodeClient {
         Ok(NodeClient {
             label: label.to_string(),
             addr: addr.to_string(),
-            inner: FlightServiceClient::new(channel)
+            inner: FlightServiceClient::with_interceptor(channel, credentials.interceptor())
                 .max_decoding_message_size(MAX_MESSAGE)
                 .max_encoding_message_size(MAX_MESSAGE),
         })
@@ -261,6 +284,8 @@ fn code_name(c: tonic::Code) -> &'static str {
         tonic::Code::DataLoss => "damaged data",
         tonic::Code::Unavailable => "unavailable",
         tonic::Code::Unimplemented => "unsupported",
+        tonic::Code::Unauthenticated => "unauthenticated",
+        tonic::Code::PermissionDenied | tonic::Code::ResourceExhausted => "refused",
         _ => "error",
     }
 }

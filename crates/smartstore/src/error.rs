@@ -61,6 +61,10 @@ pub enum Error {
     /// A request outside what the system accepts (scale factor, node count, ...).
     #[error("{0}")]
     Invalid(String),
+    /// A request this node's access rules forbid (a transfer to an address
+    /// outside the cluster's members).
+    #[error("refused: {0}")]
+    Refused(String),
     /// Arrow failed to encode or decode data.
     #[error("arrow: {0}")]
     Arrow(#[from] arrow::error::ArrowError),
@@ -116,6 +120,7 @@ impl From<Error> for tonic::Status {
     fn from(e: Error) -> Self {
         match &e {
             Error::Plan(_) | Error::Invalid(_) => tonic::Status::invalid_argument(e.to_string()),
+            Error::Refused(_) => tonic::Status::permission_denied(e.to_string()),
             Error::Object { .. } => tonic::Status::data_loss(e.to_string()),
             Error::StorageLost { .. } => tonic::Status::unavailable(e.to_string()),
             _ => tonic::Status::internal(e.to_string()),

@@ -39,12 +39,13 @@
 //! | layer | modules | what |
 //! |---|---|---|
 //! | 0 | `error`, `redundancy` | the error type; the redundancy crate (layouts, parity), re-exported |
-//! | 1 | `batch`, `devmodel`, `object`, `plan`, `ranksort`, `rungroup` | leaves: a batch's own bytes, device models, the object envelope, plan fragments, the Sort and Group-by kernels |
+//! | 1 | `access`, `batch`, `devmodel`, `object`, `plan`, `ranksort`, `rungroup` | leaves: who may call a node and where it may send data, a batch's own bytes, device models, the object envelope, plan fragments, the Sort and Group-by kernels |
 //! | 2 | `columnar`, `ops`, `spec`, `wire` | a table object's payload, the primitives, the cluster and workload asked for, the Flight messages |
 //! | 3 | `client`, `recovery`, `tpch` | the Flight client, the recovery schemes and faults, the TPC-H data and plans |
 //! | 4 | `node` | a storage node: its store, its transfers to peers, its Flight service |
 //! | 5 | `host` | the host: the cluster, the query loop, the recovery steps, the report |
 
+pub mod access;
 pub mod batch;
 pub mod client;
 pub mod columnar;

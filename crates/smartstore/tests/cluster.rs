@@ -439,3 +439,347 @@ fn a_misbehaving_node_that_speaks_no_flight_is_named() {
         assert!(e.contains("main 1") && e.contains(&bad), "{e}");
     });
 }
+
+/// A node over `dir` that needs `token` and sends only to the addresses in
+/// `members` (a private file), taking puts up to `max_put_bytes`.
+fn guarded_node(
+    dir: &std::path::Path,
+    token: &smartstore::access::Token,
+    members: &std::path::Path,
+    max_put_bytes: u64,
+) -> smartstore::node::InProcessNode {
+    use smartstore::access::{Members, NodeAccess};
+    let access = NodeAccess {
+        token: Some(token.clone()),
+        members: Some(Members::File(members.to_path_buf())),
+        max_put_bytes,
+        tls: None,
+    };
+    smartstore::node::InProcessNode::start_with(dir, DeviceModel::None, access).unwrap()
+}
+
+/// Every file of `dir` with its bytes, sorted by name.
+fn contents(dir: &std::path::Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let p = e.unwrap().path();
+            let b = std::fs::read(&p).unwrap();
+            (p, b)
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn a_client_without_the_cluster_token_or_with_a_wrong_one_is_refused_and_changes_nothing() {
+    use smartstore::access::{Credentials, Token, write_private};
+    use smartstore::client::NodeClient;
+    use smartstore::node::{CheckpointCmd, PutCmd};
+    let rt = rt();
+    rt.block_on(async {
+        let work = tempfile::tempdir().unwrap();
+        let token = Token::generate(&work.path().join("token")).unwrap();
+        let members = work.path().join("members");
+        write_private(&members, "", true).unwrap();
+        let n = guarded_node(&work.path().join("n"), &token, &members, 1 << 30);
+        let mut good = NodeClient::connect_with(&n.addr, "main 0", &Credentials::token(token))
+            .await
+            .unwrap();
+        let (schema, batches) = tpch::lineitem(SF).unwrap();
+        good.put_table("lineitem", schema.clone(), batches[..1].to_vec())
+            .await
+            .unwrap();
+        let before = contents(&work.path().join("n"));
+        let lineitem = good.get_object("lineitem").await.unwrap();
+
+        let wrong = Token::new("not-the-cluster-token-at-all").unwrap();
+        let mut refused = 0;
+        for (who, creds) in [
+            ("no token", Credentials::default()),
+            ("wrong token", Credentials::token(wrong)),
+        ] {
+            let mut c = NodeClient::connect_with(&n.addr, "main 0", &creds)
+                .await
+                .unwrap();
+            let fragment = br#"{"input":"lineitem","output":"x","primitive":{"op":"scan","columns":["l_orderkey"]}}"#;
+            let ckpt = CheckpointCmd {
+                object: "lineitem".into(),
+                target: n.addr.clone(),
+                as_name: "stolen".into(),
+                parity: None,
+            };
+            let errors = [
+                c.put_table("lineitem", schema.clone(), batches[1..2].to_vec())
+                    .await
+                    .err(),
+                c.put_raw(&PutCmd::Object { name: "x".into() }, vec![7; 100])
+                    .await
+                    .err(),
+                c.get_object("lineitem").await.err(),
+                c.get_table("lineitem", None, None).await.err(),
+                c.ping().await.err(),
+                c.action("run", fragment.to_vec()).await.err(),
+                c.checkpoint(&ckpt).await.err(),
+            ];
+            for (i, e) in errors.into_iter().enumerate() {
+                let e = e.unwrap_or_else(|| panic!("{who}: call {i} was served")).to_string();
+                let why = if creds.token.is_some() {
+                    "wrong cluster token"
+                } else {
+                    "no cluster token"
+                };
+                assert!(e.contains("unauthenticated") && e.contains(why), "{who} {i}: {e}");
+                refused += 1;
+            }
+        }
+        // Nothing changed, and the node counted every refusal.
+        assert_eq!(contents(&work.path().join("n")), before);
+        assert_eq!(good.get_object("lineitem").await.unwrap(), lineitem);
+        let info = good.ping().await.unwrap();
+        assert_eq!(info["refused_calls"], refused, "{info}");
+    });
+}
+
+/// One rebuild of each kind, each reading from `stranger` (and `member`).
+fn rebuilds_reading_from(stranger: &str, member: &str) -> [RebuildCmd; 3] {
+    [
+        RebuildCmd::Copy {
+            source: stranger.into(),
+            object: "lineitem".into(),
+            name: "copied".into(),
+        },
+        RebuildCmd::MirrorColumns {
+            sources: vec![member.into(), stranger.into()],
+            cols_object: "lineitem".into(),
+            member: 0,
+            name: "zipped".into(),
+        },
+        RebuildCmd::Parity {
+            parity: (stranger.into(), "lineitem.parity".into()),
+            survivors: vec![(1, member.into(), "lineitem".into())],
+            member: 0,
+            name: "xored".into(),
+        },
+    ]
+}
+
+#[test]
+fn transfers_naming_an_address_outside_the_members_are_refused_and_never_connect() {
+    use smartstore::access::{Credentials, Token, write_private};
+    use smartstore::client::NodeClient;
+    use smartstore::node::{CheckpointCmd, ScatterCmd};
+    let rt = rt();
+    rt.block_on(async {
+        let work = tempfile::tempdir().unwrap();
+        let token = Token::generate(&work.path().join("token")).unwrap();
+        let members = work.path().join("members");
+        write_private(&members, "", true).unwrap();
+        let a = guarded_node(&work.path().join("a"), &token, &members, 1 << 30);
+        let b = guarded_node(&work.path().join("b"), &token, &members, 1 << 30);
+        write_private(&members, &format!("{}\n{}\n", a.addr, b.addr), true).unwrap();
+        // A stranger that would accept data: it must never see a connection.
+        let stranger = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        stranger.set_nonblocking(true).unwrap();
+        let s = stranger.local_addr().unwrap().to_string();
+
+        let creds = Credentials::token(token);
+        let mut ca = NodeClient::connect_with(&a.addr, "a", &creds)
+            .await
+            .unwrap();
+        let mut cb = NodeClient::connect_with(&b.addr, "b", &creds)
+            .await
+            .unwrap();
+        let (schema, batches) = tpch::lineitem(SF).unwrap();
+        ca.put_table("lineitem", schema, batches[..2].to_vec())
+            .await
+            .unwrap();
+        let ckpt = |target: &str| CheckpointCmd {
+            object: "lineitem".into(),
+            target: target.into(),
+            as_name: "lineitem.ckpt".into(),
+            parity: None,
+        };
+        // A member is a fine target.
+        ca.checkpoint(&ckpt(&b.addr)).await.unwrap();
+
+        let want = format!("{s} is not a member of this cluster");
+        let scatter = ScatterCmd {
+            object: "lineitem".into(),
+            targets: vec![b.addr.clone(), s.clone()],
+            as_name: "scattered".into(),
+        };
+        let rebuilds = rebuilds_reading_from(&s, &a.addr);
+        let mut errors = vec![
+            ca.checkpoint(&ckpt(&s)).await.unwrap_err(),
+            ca.scatter(&scatter).await.unwrap_err(),
+        ];
+        for r in &rebuilds {
+            errors.push(cb.rebuild(r).await.unwrap_err());
+        }
+        for e in errors {
+            let e = e.to_string();
+            assert!(e.contains(&want) && e.contains("refused"), "{e}");
+        }
+        // Nothing reached the stranger, nor (for the scatter) the member.
+        assert_eq!(
+            stranger.accept().unwrap_err().kind(),
+            std::io::ErrorKind::WouldBlock
+        );
+        for name in ["scattered", "copied", "zipped", "xored"] {
+            assert!(
+                !work.path().join(format!("b/{name}.obj")).exists(),
+                "{name}"
+            );
+        }
+        assert!(work.path().join("b/lineitem.ckpt.obj").is_file());
+    });
+}
+
+#[test]
+fn a_put_over_the_limit_is_refused_while_streaming_and_the_node_stays_healthy() {
+    use smartstore::access::{Credentials, Token, write_private};
+    use smartstore::client::NodeClient;
+    use smartstore::node::PutCmd;
+    let rt = rt();
+    rt.block_on(async {
+        let work = tempfile::tempdir().unwrap();
+        let token = Token::generate(&work.path().join("token")).unwrap();
+        let members = work.path().join("members");
+        write_private(&members, "", true).unwrap();
+        let limit = 1 << 20;
+        let n = guarded_node(&work.path().join("n"), &token, &members, limit);
+        let mut c = NodeClient::connect_with(&n.addr, "main 0", &Credentials::token(token))
+            .await
+            .unwrap();
+        let e = c
+            .put_raw(&PutCmd::Object { name: "big".into() }, vec![1; 8 << 20])
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("put of big") && e.contains("--max-put-bytes") && e.contains("refused"),
+            "{e}"
+        );
+        let (schema, batches) = tpch::lineitem(SF).unwrap();
+        let e = c
+            .put_table("lineitem", schema.clone(), batches.clone())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("put of lineitem") && e.contains("1048576"),
+            "{e}"
+        );
+        assert!(!work.path().join("n/big.obj").exists());
+        assert!(!work.path().join("n/lineitem.obj").exists());
+        // Still serving: a put under the limit lands.
+        c.ping().await.unwrap();
+        let small = batches[0].slice(0, 100);
+        c.put_table("lineitem", schema, vec![small.clone()])
+            .await
+            .unwrap();
+        let (_, back) = c.get_table("lineitem", None, None).await.unwrap();
+        assert_eq!(back, vec![small]);
+    });
+}
+
+/// A CA and a certificate for 127.0.0.1 (server and client use) in `dir`,
+/// in the `--tls-certificates` layout, made with the openssl command; false
+/// when there is no openssl.
+fn make_certificates(dir: &std::path::Path) -> bool {
+    let script = r#"set -e
+ec="-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
+openssl req -x509 $ec -keyout ca-key.pem -out ca-cert.pem -days 2 -subj /CN=rebound-test-ca
+openssl req $ec -keyout server-key.pem -out server.csr -subj /CN=node
+printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n' > ext
+openssl x509 -req -in server.csr -CA ca-cert.pem -CAkey ca-key.pem -CAcreateserial -days 2 -extfile ext -out server-cert.pem
+chmod 600 server-key.pem"#;
+    if std::process::Command::new("openssl")
+        .arg("version")
+        .output()
+        .is_err()
+    {
+        return false;
+    }
+    match std::process::Command::new("sh")
+        .args(["-c", script])
+        .current_dir(dir)
+        .output()
+    {
+        Ok(out) if out.status.success() => true,
+        Ok(out) => panic!("openssl: {}", String::from_utf8_lossy(&out.stderr)),
+        Err(e) => panic!("sh: {e}"),
+    }
+}
+
+#[test]
+fn mutual_tls_nodes_serve_only_clients_with_a_certificate_of_the_cluster_ca() {
+    use smartstore::access::{Credentials, Members, NodeAccess, NodeTls, client_config};
+    use smartstore::client::NodeClient;
+    use smartstore::node::CheckpointCmd;
+    let certs = tempfile::tempdir().unwrap();
+    if !make_certificates(certs.path()) {
+        eprintln!("skipped: no openssl command to make certificates");
+        return;
+    }
+    let rt = rt();
+    rt.block_on(async {
+        let work = tempfile::tempdir().unwrap();
+        let tls_node = |dir: &str, members: &[String]| {
+            let access = NodeAccess {
+                tls: Some(NodeTls::load(certs.path(), true).unwrap()),
+                members: Some(Members::list(members).unwrap()),
+                ..NodeAccess::default()
+            };
+            let dir = work.path().join(dir);
+            smartstore::node::InProcessNode::start_with(&dir, DeviceModel::None, access).unwrap()
+        };
+        let peer = tls_node("peer", &[]);
+        let n = tls_node("n", std::slice::from_ref(&peer.addr));
+        // The node's own client side (CA + its certificate) is served.
+        let tls = NodeTls::load(certs.path(), true).unwrap().client;
+        let creds = Credentials {
+            token: None,
+            tls: Some(tls),
+        };
+        let mut c = NodeClient::connect_with(&n.addr, "main 0", &creds)
+            .await
+            .unwrap();
+        let (schema, batches) = tpch::lineitem(SF).unwrap();
+        c.put_table("lineitem", schema, batches[..1].to_vec())
+            .await
+            .unwrap();
+        let (_, back) = c.get_table("lineitem", None, None).await.unwrap();
+        assert_eq!(
+            back.iter().map(|b| b.num_rows()).sum::<usize>(),
+            batches[0].num_rows()
+        );
+        // Nodes reach each other over mutual TLS too.
+        let ckpt = CheckpointCmd {
+            object: "lineitem".into(),
+            target: peer.addr.clone(),
+            as_name: "lineitem.ckpt".into(),
+            parity: None,
+        };
+        c.checkpoint(&ckpt).await.unwrap();
+        assert!(work.path().join("peer/lineitem.ckpt.obj").is_file());
+        // Plaintext, and TLS without a client certificate, are not served.
+        let no_cert = Credentials {
+            token: None,
+            tls: Some(client_config(certs.path()).unwrap()),
+        };
+        for (who, creds) in [
+            ("plaintext", Credentials::default()),
+            ("no client certificate", no_cert),
+        ] {
+            let refused = match NodeClient::connect_with(&n.addr, "main 0", &creds).await {
+                Err(e) => e.to_string(),
+                Ok(mut c) => c.ping().await.unwrap_err().to_string(),
+            };
+            assert!(refused.contains("main 0"), "{who}: {refused}");
+        }
+        c.ping().await.unwrap();
+    });
+}

@@ -9,6 +9,13 @@
 //! `rebound` binary (`rebound node`) or, in tests, as in-process servers;
 //! a cluster of remote nodes is given by address.
 //!
+//! A local cluster is closed to strangers: its host writes a fresh cluster
+//! token (`cluster.token`, mode 0600) and the members file
+//! (`cluster.members`: every node's address, rewritten once the nodes have
+//! bound their ports) in the work directory, and starts every node with
+//! both, so a node answers only calls carrying the token and sends
+//! checkpoints only to the cluster's own nodes (see [`crate::access`]).
+//!
 //! This file is the cluster itself: starting or connecting its nodes,
 //! placing the table, checkpointing to the redundancy group, losing a node.
 //! Running a query primitive by primitive is in `query`, recovering a lost
@@ -22,6 +29,7 @@ use std::time::Instant;
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 
+use crate::access::{Credentials, Members, NodeAccess, Token, write_private};
 use crate::client::NodeClient;
 use crate::devmodel::DeviceModel;
 use crate::error::{Error, Result};
@@ -42,7 +50,8 @@ pub use crate::spec::{ClusterSpec, Layout, MAX_NODES, Query};
 /// How local nodes are started.
 #[derive(Debug, Clone)]
 pub enum Launcher {
-    /// As processes: `<exe> node --dir D --listen 127.0.0.1:0 --device-model M`.
+    /// As processes: `<exe> node --dir D --listen 127.0.0.1:0 --device-model M
+    /// --token-file T --members-file F`.
     Process(PathBuf),
     /// As servers on threads of this process.
     InProcess,
@@ -162,6 +171,14 @@ impl Cluster {
     /// Starts a local cluster under `work` (one directory per node).
     pub async fn launch(spec: ClusterSpec, launcher: &Launcher, work: &Path) -> Result<Cluster> {
         spec.check()?;
+        std::fs::create_dir_all(work).map_err(|e| Error::io(work, e))?;
+        let files = ClusterFiles {
+            token: work.join("cluster.token"),
+            members: work.join("cluster.members"),
+        };
+        let token = Token::read_or_generate(&files.token)?;
+        // Empty until the nodes have their ports: no transfers before.
+        write_private(&files.members, "", true)?;
         let roles = spec.roles();
         let mut owned = Vec::new();
         let mut addrs = Vec::new();
@@ -170,12 +187,17 @@ impl Cluster {
             let dir = work.join(role.replace(' ', "-"));
             let (o, addr) = match launcher {
                 Launcher::InProcess => {
-                    let n = InProcessNode::start(&dir, spec.model)?;
+                    let access = NodeAccess {
+                        token: Some(token.clone()),
+                        members: Some(Members::File(files.members.clone())),
+                        ..NodeAccess::default()
+                    };
+                    let n = InProcessNode::start_with(&dir, spec.model, access)?;
                     let a = n.addr.clone();
                     (Owned::InProcess(n), a)
                 }
                 Launcher::Process(exe) => {
-                    let (child, a) = spawn_node(exe, &dir, spec.model, role)?;
+                    let (child, a) = spawn_node(exe, &dir, spec.model, role, &files)?;
                     (Owned::Process(child), a)
                 }
             };
@@ -183,15 +205,26 @@ impl Cluster {
             addrs.push(addr);
             dirs.push(dir);
         }
-        let mut c = Cluster::connect(spec, &addrs).await?;
+        write_private(&files.members, &(addrs.join("\n") + "\n"), true)?;
+        let mut c = Cluster::connect_with(spec, &addrs, &Credentials::token(token)).await?;
         c.owned = owned;
         c.dirs = dirs;
         Ok(c)
     }
 
-    /// Connects to running nodes, given in role order (see
-    /// [`ClusterSpec::roles`]).
+    /// Connects to running nodes that accept calls without a token, given
+    /// in role order (see [`ClusterSpec::roles`]).
     pub async fn connect(spec: ClusterSpec, addrs: &[String]) -> Result<Cluster> {
+        Cluster::connect_with(spec, addrs, &Credentials::default()).await
+    }
+
+    /// Connects to running nodes, given in role order, presenting
+    /// `credentials` on every call.
+    pub async fn connect_with(
+        spec: ClusterSpec,
+        addrs: &[String],
+        credentials: &Credentials,
+    ) -> Result<Cluster> {
         spec.check()?;
         let roles = spec.roles();
         if addrs.len() != roles.len() {
@@ -208,7 +241,7 @@ impl Cluster {
         let mut clients = Vec::new();
         for (role, addr) in roles.iter().zip(addrs) {
             let label = format!("{role} ({addr})");
-            let mut c = NodeClient::connect(addr, &label).await?;
+            let mut c = NodeClient::connect_with(addr, &label, credentials).await?;
             c.ping().await?;
             clients.push(c);
         }
@@ -372,13 +405,29 @@ impl Drop for Cluster {
     }
 }
 
+/// A local cluster's token and members files.
+struct ClusterFiles {
+    token: PathBuf,
+    members: PathBuf,
+}
+
 /// Starts `exe node` and reads the address it prints.
-fn spawn_node(exe: &Path, dir: &Path, model: DeviceModel, role: &str) -> Result<(Child, String)> {
+fn spawn_node(
+    exe: &Path,
+    dir: &Path,
+    model: DeviceModel,
+    role: &str,
+    files: &ClusterFiles,
+) -> Result<(Child, String)> {
     let mut child = Command::new(exe)
         .arg("node")
         .arg("--dir")
         .arg(dir)
         .args(["--listen", "127.0.0.1:0", "--device-model", model.name()])
+        .arg("--token-file")
+        .arg(&files.token)
+        .arg("--members-file")
+        .arg(&files.members)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

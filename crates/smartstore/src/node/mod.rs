@@ -17,6 +17,7 @@ use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use parking_lot::Mutex;
 
+use crate::access::{NodeAccess, TokenCheck};
 use crate::columnar;
 use crate::devmodel::DeviceModel;
 use crate::error::{Error, Result};
@@ -41,6 +42,10 @@ pub use crate::wire::{
 pub struct Node {
     dir: PathBuf,
     model: DeviceModel,
+    /// Who may call it, whom it sends to, how large a put may be.
+    access: NodeAccess,
+    /// Its Flight service's token check (shared: it counts refusals).
+    token_check: TokenCheck,
     inner: Mutex<Inner>,
 }
 
@@ -123,16 +128,41 @@ impl Inner {
 impl Node {
     /// A node over `dir` (created if missing), charging I/O to `model`.
     /// `memory` bytes of objects on the device are cached in memory.
+    /// It accepts every call and makes no transfers: see [`Node::open_with`].
     pub fn open(dir: &Path, model: DeviceModel, memory: usize) -> Result<Arc<Node>> {
+        Node::open_with(dir, model, memory, NodeAccess::default())
+    }
+
+    /// A node over `dir` under `access`.
+    pub fn open_with(
+        dir: &Path,
+        model: DeviceModel,
+        memory: usize,
+        access: NodeAccess,
+    ) -> Result<Arc<Node>> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         Ok(Arc::new(Node {
             dir: dir.to_path_buf(),
             model,
+            token_check: TokenCheck::new(access.token.clone()),
+            access,
             inner: Mutex::new(Inner {
                 budget: memory,
                 ..Inner::default()
             }),
         }))
+    }
+
+    /// What the node accepts and whom it sends to.
+    pub fn access(&self) -> &NodeAccess {
+        &self.access
+    }
+
+    /// Calls refused for a missing or wrong cluster token so far.
+    pub fn refused_calls(&self) -> u64 {
+        self.token_check
+            .refused()
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The node's directory.

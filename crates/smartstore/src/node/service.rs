@@ -18,6 +18,7 @@ use serde::Deserialize;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::{DEFAULT_MEMORY, Node, Placement};
+use crate::access::NodeAccess;
 use crate::devmodel::DeviceModel;
 use crate::error::{Error, Result};
 use crate::plan::Fragment;
@@ -26,6 +27,42 @@ use crate::wire::{FLOW_WINDOW, GetCmd, MAX_MESSAGE, PutCmd, RAW_CHUNK, Stats, fl
 fn parse<T: for<'de> Deserialize<'de>>(what: &str, bytes: &[u8]) -> Result<T, Status> {
     serde_json::from_slice(bytes)
         .map_err(|e| Status::invalid_argument(format!("malformed {what}: {e}")))
+}
+
+/// Counts a put's bytes as its messages arrive and refuses the first
+/// message that takes it past the node's limit, so no more than the limit
+/// is ever buffered for one put.
+struct PutBudget {
+    name: String,
+    limit_bytes: u64,
+    seen_bytes: u64,
+}
+
+impl PutBudget {
+    fn take(&mut self, m: &FlightData) -> Result<(), Status> {
+        self.seen_bytes += (m.data_body.len() + m.data_header.len() + m.app_metadata.len()) as u64;
+        if self.seen_bytes > self.limit_bytes {
+            tracing::warn!(
+                "refused a put of {} past {} bytes (--max-put-bytes)",
+                self.name,
+                self.limit_bytes
+            );
+            return Err(Status::resource_exhausted(format!(
+                "put of {}: larger than this node's limit of {} bytes (--max-put-bytes); \
+                 refused after {} bytes",
+                self.name, self.limit_bytes, self.seen_bytes
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn put_name(cmd: &PutCmd) -> &str {
+    match cmd {
+        PutCmd::Table { name, .. } | PutCmd::Object { name } | PutCmd::ParityAdd { name, .. } => {
+            name
+        }
+    }
 }
 
 fn stats_json(s: &Stats) -> bytes::Bytes {
@@ -166,16 +203,29 @@ impl FlightService for NodeService {
         let cmd: PutCmd = parse("put descriptor", &desc.cmd)?;
         let node = self.0.clone();
         node.check_storage()?;
+        let mut budget = PutBudget {
+            name: put_name(&cmd).to_string(),
+            limit_bytes: node.access.max_put_bytes,
+            seen_bytes: 0,
+        };
+        budget.take(&first)?;
         let stats = match &cmd {
             PutCmd::Table { name, sync } => {
                 let rest = futures::stream::once(async move { Ok(first) })
-                    .chain(stream)
+                    .chain(stream.map(move |m| {
+                        let m = m?;
+                        budget.take(&m)?;
+                        Ok(m)
+                    }))
                     .map_err(|s| arrow_flight::error::FlightError::Tonic(Box::new(s)));
                 let mut decoded =
                     arrow_flight::decode::FlightRecordBatchStream::new_from_flight_data(rest);
                 let mut batches = Vec::new();
                 while let Some(b) = decoded.next().await {
-                    batches.push(b.map_err(|e| Status::invalid_argument(format!("do_put: {e}")))?);
+                    batches.push(b.map_err(|e| match e {
+                        arrow_flight::error::FlightError::Tonic(s) => *s,
+                        e => Status::invalid_argument(format!("do_put: {e}")),
+                    })?);
                 }
                 let schema = decoded
                     .schema()
@@ -193,6 +243,7 @@ impl FlightService for NodeService {
             _ => {
                 let mut bytes = first.data_body.to_vec();
                 while let Some(m) = stream.message().await? {
+                    budget.take(&m)?;
                     bytes.extend_from_slice(&m.data_body);
                 }
                 node.receive_raw(&cmd, bytes)?
@@ -219,7 +270,11 @@ impl FlightService for NodeService {
             "rebuild" => node.rebuild(&parse("rebuild", &action.body)?).await?,
             "scatter" => node.scatter(&parse("scatter", &action.body)?).await?,
             "ping" => {
-                let info = serde_json::json!({"dir": node.dir, "device_model": node.model.name()});
+                let info = serde_json::json!({
+                    "dir": node.dir,
+                    "device_model": node.model.name(),
+                    "refused_calls": node.refused_calls(),
+                });
                 let r = arrow_flight::Result {
                     body: serde_json::to_vec(&info).expect("json").into(),
                 };
@@ -264,10 +319,20 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<()> {
+    let token_check = node.token_check.clone();
+    let node_tls = node.access.tls.as_ref().map(|t| t.server.clone());
     let svc = FlightServiceServer::new(NodeService(node))
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE);
-    tonic::transport::Server::builder()
+    // The token is checked before any handler runs.
+    let svc = tonic::service::interceptor::InterceptedService::new(svc, token_check);
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = &node_tls {
+        builder = builder
+            .tls_config(tls.clone())
+            .map_err(|e| Error::node("self", format!("TLS: {e}")))?;
+    }
+    builder
         .initial_stream_window_size(Some(FLOW_WINDOW))
         .initial_connection_window_size(Some(FLOW_WINDOW))
         .add_service(svc)
@@ -293,9 +358,15 @@ pub struct InProcessNode {
 }
 
 impl InProcessNode {
-    /// Starts a node over `dir` on an ephemeral loopback port.
+    /// Starts a node over `dir` on an ephemeral loopback port, accepting
+    /// every call and making no transfers.
     pub fn start(dir: &Path, model: DeviceModel) -> Result<InProcessNode> {
-        let node = Node::open(dir, model, DEFAULT_MEMORY)?;
+        InProcessNode::start_with(dir, model, NodeAccess::default())
+    }
+
+    /// Starts a node over `dir` under `access` on an ephemeral loopback port.
+    pub fn start_with(dir: &Path, model: DeviceModel, access: NodeAccess) -> Result<InProcessNode> {
+        let node = Node::open_with(dir, model, DEFAULT_MEMORY, access)?;
         let std_listener =
             std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::io(dir, e))?;
         std_listener

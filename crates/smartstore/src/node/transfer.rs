@@ -36,6 +36,10 @@ impl Node {
         }
         let mut stats = Stats::default();
         let (schema, batches) = self.load_table(&cmd.object, None, &mut stats)?;
+        for addr in &cmd.targets {
+            self.access.check_member(addr)?;
+        }
+        let credentials = self.access.credentials();
         let n = cmd.targets.len();
         let mut pieces: Vec<Vec<RecordBatch>> = vec![Vec::new(); n];
         for (b, batch) in batches.into_iter().enumerate() {
@@ -48,9 +52,10 @@ impl Node {
                 name: cmd.as_name.clone(),
                 sync: false,
             };
+            let credentials = &credentials;
             async move {
-                let mut peer =
-                    NodeClient::connect(addr, &format!("redistribution target {addr}")).await?;
+                let label = format!("redistribution target {addr}");
+                let mut peer = NodeClient::connect_with(addr, &label, credentials).await?;
                 peer.put_table_as(put, schema, piece).await
             }
         });
@@ -66,6 +71,7 @@ impl Node {
     /// Sends an object to another node (mirror copy or parity member).
     pub async fn checkpoint(&self, cmd: &CheckpointCmd) -> Result<Stats> {
         self.check_storage()?;
+        self.access.check_member(&cmd.target)?;
         let mut stats = Stats::default();
         let file = self.load(&cmd.object, &mut stats)?;
         let put = match cmd.parity {
@@ -79,8 +85,9 @@ impl Node {
             },
         };
         let t = Instant::now();
+        let label = format!("checkpoint target {}", cmd.target);
         let mut peer =
-            NodeClient::connect(&cmd.target, &format!("checkpoint target {}", cmd.target)).await?;
+            NodeClient::connect_with(&cmd.target, &label, &self.access.credentials()).await?;
         let remote = peer.put_raw(&put, (*file).clone()).await?;
         stats.comm_s += (t.elapsed().as_secs_f64() - remote.io_real_s).max(0.0);
         stats.io_s += remote.io_s;
@@ -92,6 +99,9 @@ impl Node {
     /// Rebuilds a lost node's object here.
     pub async fn rebuild(&self, cmd: &RebuildCmd) -> Result<Stats> {
         self.check_storage()?;
+        for addr in rebuild_sources(cmd) {
+            self.access.check_member(addr)?;
+        }
         let mut stats = Stats::default();
         let t = Instant::now();
         match cmd {
@@ -135,7 +145,8 @@ impl Node {
         t: Instant,
         stats: &mut Stats,
     ) -> Result<()> {
-        let mut peer = NodeClient::connect(source, &format!("source {source}")).await?;
+        let label = format!("source {source}");
+        let mut peer = NodeClient::connect_with(source, &label, &self.access.credentials()).await?;
         let file = peer.get_object(object).await?;
         stats.bytes_moved += file.len() as u64;
         stats.comm_s += t.elapsed().as_secs_f64();
@@ -163,11 +174,14 @@ impl Node {
         let nodes = sources.len();
         // Parallel reads: each mirror node sends its columns of the
         // lost node's row blocks.
+        let credentials = self.access.credentials();
         let fetches = sources.iter().enumerate().map(|(j, addr)| {
             let cols_object = cols_object.to_string();
             let addr = addr.clone();
+            let credentials = &credentials;
             async move {
-                let mut peer = NodeClient::connect(&addr, &format!("mirror {j} ({addr})")).await?;
+                let label = format!("mirror {j} ({addr})");
+                let mut peer = NodeClient::connect_with(&addr, &label, credentials).await?;
                 peer.get_table(&cols_object, Some([member, nodes]), None)
                     .await
             }
@@ -208,8 +222,11 @@ impl Node {
         for (i, addr, obj) in survivors {
             all.push((addr.clone(), obj.clone(), format!("data {i}")));
         }
+        let credentials = self.access.credentials();
+        let credentials = &credentials;
         let fetches = all.iter().map(|(addr, obj, role)| async move {
-            let mut peer = NodeClient::connect(addr, &format!("{role} ({addr})")).await?;
+            let label = format!("{role} ({addr})");
+            let mut peer = NodeClient::connect_with(addr, &label, credentials).await?;
             peer.get_object(obj).await
         });
         let files = futures::future::try_join_all(fetches).await?;
@@ -286,6 +303,19 @@ impl Node {
             PutCmd::Table { .. } => unreachable!("tables are decoded by do_put"),
         }
         Ok(stats)
+    }
+}
+
+/// Every address a rebuild reads from.
+fn rebuild_sources(cmd: &RebuildCmd) -> Vec<&str> {
+    match cmd {
+        RebuildCmd::Copy { source, .. } => vec![source.as_str()],
+        RebuildCmd::MirrorColumns { sources, .. } => sources.iter().map(String::as_str).collect(),
+        RebuildCmd::Parity {
+            parity, survivors, ..
+        } => std::iter::once(parity.0.as_str())
+            .chain(survivors.iter().map(|s| s.1.as_str()))
+            .collect(),
     }
 }
 
