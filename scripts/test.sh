@@ -21,6 +21,7 @@ want valgrind valgrind
 want memcached memcached
 want nc netcat-openbsd
 want jq jq
+want openssl openssl       # throwaway certificates for the TLS tests
 want nbdsh python3-libnbd
 # libnbd's Python bindings, for the system Python the tests run.
 /usr/bin/python3 -c 'import nbd' 2>/dev/null || need+=(python3-libnbd)

@@ -122,7 +122,7 @@ impl Drop for NodeProc {
 
 /// A CA and a certificate for 127.0.0.1 (server and client use, also as
 /// the host's client certificate) in `dir`, in the `--tls-certificates`
-/// layout; false when there is no openssl command.
+/// layout (panics when the openssl command is missing: no test is skipped).
 fn make_certificates(dir: &std::path::Path) -> bool {
     std::fs::create_dir_all(dir).unwrap();
     let script = r#"set -e
@@ -134,7 +134,9 @@ openssl x509 -req -in server.csr -CA ca-cert.pem -CAkey ca-key.pem -CAcreateseri
 chmod 600 server-key.pem
 cp server-cert.pem client-cert.pem && cp -p server-key.pem client-key.pem"#;
     if Command::new("openssl").arg("version").output().is_err() {
-        return false;
+        panic!(
+            "the openssl command is not installed; scripts/test.sh installs it (package openssl)"
+        );
     }
     match Command::new("sh")
         .args(["-c", script])

@@ -686,8 +686,8 @@ fn a_put_over_the_limit_is_refused_while_streaming_and_the_node_stays_healthy() 
 }
 
 /// A CA and a certificate for 127.0.0.1 (server and client use) in `dir`,
-/// in the `--tls-certificates` layout, made with the openssl command; false
-/// when there is no openssl.
+/// in the `--tls-certificates` layout, made with the openssl command (panics
+/// when it is missing: no test is skipped).
 fn make_certificates(dir: &std::path::Path) -> bool {
     let script = r#"set -e
 ec="-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
@@ -701,7 +701,9 @@ chmod 600 server-key.pem"#;
         .output()
         .is_err()
     {
-        return false;
+        panic!(
+            "the openssl command is not installed; scripts/test.sh installs it (package openssl)"
+        );
     }
     match std::process::Command::new("sh")
         .args(["-c", script])
