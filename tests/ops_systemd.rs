@@ -145,6 +145,36 @@ fn socket_activation_serves_nbd_on_the_inherited_socket_without_binding_listen()
     );
 }
 
+#[test]
+fn socket_activation_serves_nbd_on_an_inherited_unix_socket() {
+    let files = Files::new("sockact-unix");
+    let sock = files.dir.path().join("nbd.sock");
+    let mut child = Command::new(tool("systemd-socket-activate"))
+        .args(["-l", &sock.to_string_lossy(), env!("CARGO_BIN_EXE_rebound")])
+        .args(files.serve_args())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(files.log()).unwrap())
+        .spawn()
+        .unwrap();
+    wait_for(
+        "systemd-socket-activate to listen",
+        Duration::from_secs(30),
+        || std::fs::read_to_string(files.log()).is_ok_and(|l| l.contains("Listening on")),
+    );
+    let uri = format!("nbd+unix:///?socket={}", sock.display());
+    let out = qemu_io(
+        &["-f", "raw", &uri],
+        &["write -P 0xcd 0 64k".into(), "read -P 0xcd 0 64k".into()],
+    );
+    assert!(out.contains("read 65536/65536"), "{out}");
+    let log = std::fs::read_to_string(files.log()).unwrap();
+    assert!(
+        log.contains(&format!("serving 33554432 bytes on {uri}")),
+        "the banner names the inherited socket:\n{log}"
+    );
+    assert!(sigterm_and_wait(&mut child).success(), "{log}");
+}
+
 /// The notifications received until `until` is among them (or `limit`).
 fn receive_until(sock: &UnixDatagram, limit: Duration, until: &str, got: &mut Vec<String>) {
     let deadline = Instant::now() + limit;
