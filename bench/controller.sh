@@ -20,6 +20,11 @@
 # rebound, where 512 bytes is a read-modify-write of a 4 KiB track, and on
 # nbdkit's file plugin: DIR/controller-writes.csv and a second table.
 #
+# Last, the server's CPU time per I/O at fixed offered loads below
+# saturation (fio's rate_iops, 75% reads: LOADS, default "20000 60000"
+# IOPS), next to nbdkit's null plugin (stores nothing: the floor of the
+# protocol and loopback TCP alone): DIR/controller-cpu.csv and a third table.
+#
 # Environment: REBOUND_FLAGS adds flags to `rebound serve` (experiments);
 # SERVERS limits the servers measured (default: all); WRITE_SERVERS
 # those of the write table (default: rebound nbdkit-file).
@@ -33,7 +38,7 @@ while (($#)); do
     --rebound) rebound="$2"; shift ;;
     --rounds) rounds="$2"; shift ;;
     --runtime) runtime="$2"; shift ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
     *) echo "controller.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -124,6 +129,8 @@ start() {
       nbdkit -f -p "$port" --tls=require --tls-certificates="$pki" file "$work/file.img" & ;;
     nbdkit-memory)
       nbdkit -f -p "$port" memory 1G & ;;
+    nbdkit-null)
+      nbdkit -f -p "$port" null 1G & ;;
     qemu-nbd)
       rm -f "$work/qemu.img"; fallocate -l 1G "$work/qemu.img"
       qemu-nbd -f raw -x "" -p "$port" -t "$work/qemu.img" & ;;
@@ -229,3 +236,49 @@ END {
     printf "%-22s %10.0f %12.3f %15.0f %14.1f\n", w[1] ", " w[2], med[k], med[k] / med[w[1] " 4k"], pp[k], mm[k] }
 }' "$wcsv"
 echo "raw results: $wcsv"
+
+# Server CPU per I/O at fixed offered loads (issue: per-I/O cost below a
+# server that stores nothing). At saturation every server takes about one
+# core and CPU per I/O only mirrors IOPS; below it, it shows the server.
+ccsv="$out/controller-cpu.csv"
+echo "server,load,round,iops,cpu_us_per_io,read_p99_us,write_p99_us" > "$ccsv"
+read -r -a loads <<< "${LOADS:-20000 60000}"
+read -r -a cservers <<< "${CPU_SERVERS:-rebound rebound-unix nbdkit-file nbdkit-null}"
+total=$((rounds * ${#cservers[@]} * ${#loads[@]})); n=0
+for round in $(seq 1 "$rounds"); do
+  for load in "${loads[@]}"; do
+    for s in "${cservers[@]}"; do
+      n=$((n + 1))
+      printf '\r[%d/%d] round %d: %-14s at %6d IOPS offered (%ss)' "$n" "$total" "$round" "$s" "$load" "$runtime" >&2
+      start "$s"
+      job_for "$s" "$job" "$work/rate.fio"
+      # 75% reads: split the offered load between the directions.
+      printf 'rate_iops=%d,%d\n' $((load * 3 / 4)) $((load / 4)) >> "$work/rate.fio"
+      cpu0=$(cpu_ticks "$pid")
+      fio "$work/rate.fio" --output-format=json 2>"$work/fio.err" | sed -n '/^{/,$p' > "$work/out.json" \
+        || { echo "controller.sh: fio failed against $s:" >&2; tail -5 "$work/fio.err" >&2; exit 1; }
+      cpu1=$(cpu_ticks "$pid")
+      stop
+      jq -r --arg s "$s" --arg l "$load" --arg r "$round" --arg cpu "$(( cpu1 - cpu0 ))" --arg hz "$ticks" '.jobs[0] as $j | [$s, $l, $r,
+          ($j.read.iops + $j.write.iops),
+          (($cpu | tonumber) / ($hz | tonumber) * 1e6 / ($j.read.total_ios + $j.write.total_ios)),
+          ($j.read.clat_ns.percentile["99.000000"] / 1000), ($j.write.clat_ns.percentile["99.000000"] / 1000)] | @csv' \
+        "$work/out.json" | tr -d '"' >> "$ccsv"
+    done
+  done
+done
+printf '\r%75s\r' '' >&2
+echo
+echo "server CPU per I/O at fixed offered loads (cache-standard, rate_iops 75/25): $rounds round(s) of ${runtime}s, median per server and load"
+awk -F, 'NR > 1 { k = $1 " " $2; n[k]++; c[k, n[k]] = $5; i[k, n[k]] = $4; rp[k, n[k]] = $6; wp[k, n[k]] = $7; if (!(k in seen)) { seen[k] = 1; order[++q] = k } }
+END {
+  printf "%-14s %10s %10s %12s %13s %12s %12s\n", "server", "offered", "IOPS", "CPU µs/IO", "vs null", "read p99 µs", "write p99 µs"
+  for (a = 1; a <= q; a++) { k = order[a]; m = n[k]
+    for (x = 1; x <= m; x++) idx[x] = x
+    for (x = 1; x <= m; x++) for (y = x + 1; y <= m; y++) if (c[k, idx[y]] < c[k, idx[x]]) { t = idx[x]; idx[x] = idx[y]; idx[y] = t }
+    j = idx[int((m + 1) / 2)]; med[k] = c[k, j]; io[k] = i[k, j]; r9[k] = rp[k, j]; w9[k] = wp[k, j] }
+  for (a = 1; a <= q; a++) { k = order[a]; split(k, w, " ")
+    floor = med["nbdkit-null " w[2]]
+    printf "%-14s %10d %10.0f %12.1f %13s %12.0f %12.0f\n", w[1], w[2], io[k], med[k], (floor > 0 ? sprintf("%.2fx", med[k] / floor) : "-"), r9[k], w9[k] }
+}' "$ccsv"
+echo "raw results: $ccsv"

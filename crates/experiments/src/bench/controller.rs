@@ -53,6 +53,9 @@ pub fn run(args: ControllerArgs) -> anyhow::Result<std::process::ExitCode> {
         let png = args.common.out.join("controller.png");
         plot(&args.common.out.join("controller.csv"), &png)?;
         println!("plot: {}", png.display());
+        let png = args.common.out.join("controller-cpu.png");
+        plot_cpu(&args.common.out.join("controller-cpu.csv"), &png)?;
+        println!("plot: {}", png.display());
     }
     Ok(std::process::ExitCode::SUCCESS)
 }
@@ -120,4 +123,109 @@ fn plot(csv: &Path, png: &Path) -> anyhow::Result<()> {
             },
         ],
     )
+}
+
+/// Median CPU µs per I/O per (server, offered load) from
+/// `controller-cpu.csv`, servers and loads in the script's order.
+fn cpu_medians(csv: &Path) -> anyhow::Result<(Vec<String>, Vec<u64>, Vec<Vec<f64>>)> {
+    let text =
+        std::fs::read_to_string(csv).with_context(|| format!("reading {}", csv.display()))?;
+    let mut servers: Vec<String> = Vec::new();
+    let mut loads: Vec<u64> = Vec::new();
+    let mut runs: Vec<(usize, usize, f64)> = Vec::new();
+    for line in text.lines().skip(1) {
+        let f: Vec<&str> = line.split(',').collect();
+        anyhow::ensure!(
+            f.len() == 7,
+            "malformed line in {}: {line:?}",
+            csv.display()
+        );
+        let load: u64 = f[1]
+            .parse()
+            .with_context(|| format!("bad load {:?} in {}", f[1], csv.display()))?;
+        let cpu: f64 = f[4]
+            .parse()
+            .with_context(|| format!("bad number {:?} in {}", f[4], csv.display()))?;
+        let si = servers.iter().position(|s| s == f[0]).unwrap_or_else(|| {
+            servers.push(f[0].to_owned());
+            servers.len() - 1
+        });
+        let li = loads.iter().position(|l| *l == load).unwrap_or_else(|| {
+            loads.push(load);
+            loads.len() - 1
+        });
+        runs.push((si, li, cpu));
+    }
+    let medians = loads
+        .iter()
+        .enumerate()
+        .map(|(li, _)| {
+            (0..servers.len())
+                .map(|si| {
+                    let mut v: Vec<f64> = runs
+                        .iter()
+                        .filter(|r| r.0 == si && r.1 == li)
+                        .map(|r| r.2)
+                        .collect();
+                    v.sort_by(f64::total_cmp);
+                    v.get(v.len().saturating_sub(1) / 2).copied().unwrap_or(0.0)
+                })
+                .collect()
+        })
+        .collect();
+    Ok((servers, loads, medians))
+}
+
+fn plot_cpu(csv: &Path, png: &Path) -> anyhow::Result<()> {
+    let (servers, loads, medians) = cpu_medians(csv)?;
+    bar_chart_png(
+        png,
+        "server CPU per I/O at fixed offered loads (fio cache-standard, rate_iops; all threads, /proc)",
+        &[BarPanel {
+            title: "CPU per I/O (nbdkit-null stores nothing: the floor)".into(),
+            y_label: "microseconds".into(),
+            categories: servers,
+            series: loads
+                .iter()
+                .zip(medians)
+                .map(|(l, m)| (format!("{l} IOPS offered"), m))
+                .collect(),
+        }],
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_medians_take_the_middle_round_per_server_and_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let csv = dir.path().join("controller-cpu.csv");
+        std::fs::write(
+            &csv,
+            "server,load,round,iops,cpu_us_per_io,read_p99_us,write_p99_us\n\
+             rebound,20000,1,19990,30.0,1,1\n\
+             nbdkit-null,20000,1,19990,20.0,1,1\n\
+             rebound,20000,2,19990,10.0,1,1\n\
+             rebound,20000,3,19990,50.0,1,1\n\
+             rebound,60000,1,59000,25.0,1,1\n",
+        )
+        .unwrap();
+        let (servers, loads, m) = cpu_medians(&csv).unwrap();
+        assert_eq!(servers, ["rebound", "nbdkit-null"]);
+        assert_eq!(loads, [20000, 60000]);
+        assert_eq!(m[0], [30.0, 20.0]);
+        // A server without runs at a load plots as 0.
+        assert_eq!(m[1], [25.0, 0.0]);
+    }
+
+    #[test]
+    fn a_malformed_cpu_csv_line_is_an_error_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let csv = dir.path().join("controller-cpu.csv");
+        std::fs::write(&csv, "header\nrebound,20000,1\n").unwrap();
+        let err = cpu_medians(&csv).unwrap_err().to_string();
+        assert!(err.contains("controller-cpu.csv"), "{err}");
+    }
 }
