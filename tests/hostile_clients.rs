@@ -342,3 +342,29 @@ fn a_unix_listener_never_replaces_a_file_that_is_not_its_socket() {
     );
     assert_eq!(std::fs::read(&path).unwrap(), b"data");
 }
+
+#[test]
+fn replies_still_queued_when_a_client_disconnects_are_all_delivered_first() {
+    let s = Server::start("256M", &["--reply-budget", "8M"]);
+    let mut r = Raw::go(&s.addr);
+    // 64 MiB of replies, far past the socket buffers and the budget, then
+    // NBD_CMD_DISC at once; read nothing for a while.
+    for cookie in 0..64u64 {
+        r.request(CMD_READ, 0, cookie, cookie << 20, 1 << 20);
+    }
+    r.request(common::raw::CMD_DISC, 0, 999, 0, 0);
+    std::thread::sleep(Duration::from_millis(500));
+    let mut cookies = Vec::new();
+    for _ in 0..64 {
+        let (cookie, err, data) = r.simple_reply(1 << 20);
+        assert_eq!(err, 0);
+        assert_eq!(data.len(), 1 << 20);
+        cookies.push(cookie);
+        // A slow reader: the server's drainer sends what the socket takes.
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    cookies.sort_unstable();
+    assert_eq!(cookies, (0..64).collect::<Vec<_>>());
+    r.s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    assert!(r.closed(), "the server did not close after DISC");
+}

@@ -294,6 +294,10 @@ impl Connection {
         loop {
             if outbox.pending.is_empty() {
                 outbox.sending = false;
+                if outbox.closing {
+                    // The drainer waits for the last sender to leave.
+                    self.drain.notify_one();
+                }
                 return;
             }
             let mut batch = std::mem::take(&mut outbox.pending);
@@ -361,10 +365,14 @@ impl Connection {
         let limit = self.ctl.config.send_timeout;
         let mut outbox = self.outbox.lock();
         loop {
-            while !outbox.draining && !outbox.broken && !outbox.closing {
+            // Closing: leave once no one is sending (a commit's corked
+            // replies may still be on their way after the last request
+            // finished) and everything went.
+            while !outbox.draining && !outbox.broken && !(outbox.closing && !outbox.sending) {
                 self.drain.wait(&mut outbox);
             }
-            if outbox.broken || (!outbox.draining && outbox.closing) {
+            if outbox.broken || !outbox.draining {
+                debug_assert!(outbox.broken || outbox.pending.is_empty());
                 return;
             }
             let mut batch = std::mem::take(&mut outbox.pending);
