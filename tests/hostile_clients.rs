@@ -127,6 +127,46 @@ fn idle_sockets_and_a_trickled_handshake_do_not_lock_out_a_client() {
     serves(&s.uri(), 0x6b, 1 << 20);
 }
 
+/// Send `count` READs of `len` bytes on `r`'s connection from a thread,
+/// reading nothing; the thread, and a flag set once it is done (every
+/// request sent, or the connection cut).
+fn pipeline_reads(r: &Raw, count: u64, len: u32) -> (std::thread::JoinHandle<()>, Arc<AtomicBool>) {
+    let done = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&done);
+    let mut w = r.s.try_clone().unwrap();
+    let sender = std::thread::spawn(move || {
+        for cookie in 0..count {
+            let mut b = Vec::with_capacity(28);
+            b.extend_from_slice(&0x2560_9513u32.to_be_bytes());
+            b.extend_from_slice(&0u16.to_be_bytes());
+            b.extend_from_slice(&CMD_READ.to_be_bytes());
+            b.extend_from_slice(&cookie.to_be_bytes());
+            b.extend_from_slice(&((cookie % 7) << 25).to_be_bytes());
+            b.extend_from_slice(&len.to_be_bytes());
+            if w.write_all(&b).is_err() {
+                break;
+            }
+        }
+        flag.store(true, Ordering::SeqCst);
+    });
+    (sender, done)
+}
+
+/// Sample process `pid`'s resident memory every 50 ms until the flag is
+/// cleared: the peak, the flag, the sampling thread.
+fn watch_peak_rss(pid: u32) -> (Arc<AtomicU64>, Arc<AtomicBool>, std::thread::JoinHandle<()>) {
+    let peak = Arc::new(AtomicU64::new(0));
+    let watching = Arc::new(AtomicBool::new(true));
+    let (p, w) = (Arc::clone(&peak), Arc::clone(&watching));
+    let watcher = std::thread::spawn(move || {
+        while w.load(Ordering::SeqCst) {
+            p.fetch_max(rss(pid), Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    (peak, watching, watcher)
+}
+
 #[test]
 fn a_client_that_never_reads_its_replies_costs_only_its_own_connection() {
     let budget = 8u64 << 20;
@@ -146,38 +186,9 @@ fn a_client_that_never_reads_its_replies_costs_only_its_own_connection() {
 
     // Pipeline 32 MiB READs (12.8 GB of replies) and never read one.
     let mut hostile = Raw::go(&s.addr);
-    let hostile_done = Arc::new(AtomicBool::new(false));
-    let sender = {
-        let done = Arc::clone(&hostile_done);
-        let mut w = hostile.s.try_clone().unwrap();
-        std::thread::spawn(move || {
-            for cookie in 0..400u64 {
-                let mut b = Vec::with_capacity(28);
-                b.extend_from_slice(&0x2560_9513u32.to_be_bytes());
-                b.extend_from_slice(&0u16.to_be_bytes());
-                b.extend_from_slice(&CMD_READ.to_be_bytes());
-                b.extend_from_slice(&cookie.to_be_bytes());
-                b.extend_from_slice(&((cookie % 7) << 25).to_be_bytes());
-                b.extend_from_slice(&(32u32 << 20).to_be_bytes());
-                if w.write_all(&b).is_err() {
-                    break;
-                }
-            }
-            done.store(true, Ordering::SeqCst);
-        })
-    };
+    let (sender, hostile_done) = pipeline_reads(&hostile, 400, 32 << 20);
     // The server's memory while the hostile client holds its replies.
-    let peak = Arc::new(AtomicU64::new(0));
-    let watching = Arc::new(AtomicBool::new(true));
-    let watcher = {
-        let (peak, watching, pid) = (Arc::clone(&peak), Arc::clone(&watching), s.pid());
-        std::thread::spawn(move || {
-            while watching.load(Ordering::SeqCst) {
-                peak.fetch_max(rss(pid), Ordering::SeqCst);
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        })
-    };
+    let (peak, watching, watcher) = watch_peak_rss(s.pid());
     std::thread::sleep(Duration::from_millis(500));
     let during = fio_iops(&s.uri(), 3);
     watching.store(false, Ordering::SeqCst);

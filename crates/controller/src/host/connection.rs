@@ -368,7 +368,8 @@ impl Connection {
             // Closing: leave once no one is sending (a commit's corked
             // replies may still be on their way after the last request
             // finished) and everything went.
-            while !outbox.draining && !outbox.broken && !(outbox.closing && !outbox.sending) {
+            let done_sending = |o: &Outbox| o.closing && !o.sending;
+            while !outbox.draining && !outbox.broken && !done_sending(&outbox) {
                 self.drain.wait(&mut outbox);
             }
             if outbox.broken || !outbox.draining {

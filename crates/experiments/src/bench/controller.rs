@@ -125,9 +125,13 @@ fn plot(csv: &Path, png: &Path) -> anyhow::Result<()> {
     )
 }
 
+/// Servers, offered loads, and per load the median CPU µs per I/O of each
+/// server.
+type CpuMedians = (Vec<String>, Vec<u64>, Vec<Vec<f64>>);
+
 /// Median CPU µs per I/O per (server, offered load) from
 /// `controller-cpu.csv`, servers and loads in the script's order.
-fn cpu_medians(csv: &Path) -> anyhow::Result<(Vec<String>, Vec<u64>, Vec<Vec<f64>>)> {
+fn cpu_medians(csv: &Path) -> anyhow::Result<CpuMedians> {
     let text =
         std::fs::read_to_string(csv).with_context(|| format!("reading {}", csv.display()))?;
     let mut servers: Vec<String> = Vec::new();
