@@ -100,6 +100,26 @@ fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
     }
 }
 
+/// `rebound serve` under systemd-socket-activate listening on `listen`
+/// (an address or a socket path), with `extra` flags; returns once the
+/// socket listens (systemd-socket-activate says so on the shared stderr).
+fn activated(files: &Files, listen: &str, extra: &[&str]) -> Child {
+    let child = Command::new(tool("systemd-socket-activate"))
+        .args(["-l", listen, env!("CARGO_BIN_EXE_rebound")])
+        .args(files.serve_args())
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(files.log()).unwrap())
+        .spawn()
+        .unwrap();
+    wait_for(
+        "systemd-socket-activate to listen",
+        Duration::from_secs(30),
+        || std::fs::read_to_string(files.log()).is_ok_and(|l| l.contains("Listening on")),
+    );
+    child
+}
+
 #[test]
 fn socket_activation_serves_nbd_on_the_inherited_socket_without_binding_listen() {
     let files = Files::new("sockact");
@@ -107,23 +127,10 @@ fn socket_activation_serves_nbd_on_the_inherited_socket_without_binding_listen()
     // serving proves the inherited socket is used.
     let taken = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = free_port();
-    let mut child = Command::new(tool("systemd-socket-activate"))
-        .args([
-            "-l",
-            &format!("127.0.0.1:{port}"),
-            env!("CARGO_BIN_EXE_rebound"),
-        ])
-        .args(files.serve_args())
-        .args(["--listen", &taken.local_addr().unwrap().to_string()])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(files.log()).unwrap())
-        .spawn()
-        .unwrap();
-    // systemd-socket-activate says when it listens (on the shared stderr).
-    wait_for(
-        "systemd-socket-activate to listen",
-        Duration::from_secs(30),
-        || std::fs::read_to_string(files.log()).is_ok_and(|l| l.contains("Listening on")),
+    let mut child = activated(
+        &files,
+        &format!("127.0.0.1:{port}"),
+        &["--listen", &taken.local_addr().unwrap().to_string()],
     );
     let uri = format!("nbd://127.0.0.1:{port}/");
     let out = qemu_io(
@@ -149,18 +156,7 @@ fn socket_activation_serves_nbd_on_the_inherited_socket_without_binding_listen()
 fn socket_activation_serves_nbd_on_an_inherited_unix_socket() {
     let files = Files::new("sockact-unix");
     let sock = files.dir.path().join("nbd.sock");
-    let mut child = Command::new(tool("systemd-socket-activate"))
-        .args(["-l", &sock.to_string_lossy(), env!("CARGO_BIN_EXE_rebound")])
-        .args(files.serve_args())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(files.log()).unwrap())
-        .spawn()
-        .unwrap();
-    wait_for(
-        "systemd-socket-activate to listen",
-        Duration::from_secs(30),
-        || std::fs::read_to_string(files.log()).is_ok_and(|l| l.contains("Listening on")),
-    );
+    let mut child = activated(&files, &sock.to_string_lossy(), &[]);
     let uri = format!("nbd+unix:///?socket={}", sock.display());
     let out = qemu_io(
         &["-f", "raw", &uri],
