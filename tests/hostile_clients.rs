@@ -127,6 +127,29 @@ fn idle_sockets_and_a_trickled_handshake_do_not_lock_out_a_client() {
     serves(&s.uri(), 0x6b, 1 << 20);
 }
 
+/// Send 400 READs of 32 MiB on `w` (until the server stops taking them),
+/// then set `done`.
+fn pipeline_big_reads(
+    mut w: std::net::TcpStream,
+    done: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        for cookie in 0..400u64 {
+            let mut b = Vec::with_capacity(28);
+            b.extend_from_slice(&0x2560_9513u32.to_be_bytes());
+            b.extend_from_slice(&0u16.to_be_bytes());
+            b.extend_from_slice(&CMD_READ.to_be_bytes());
+            b.extend_from_slice(&cookie.to_be_bytes());
+            b.extend_from_slice(&((cookie % 7) << 25).to_be_bytes());
+            b.extend_from_slice(&(32u32 << 20).to_be_bytes());
+            if w.write_all(&b).is_err() {
+                break;
+            }
+        }
+        done.store(true, Ordering::SeqCst);
+    })
+}
+
 #[test]
 fn a_client_that_never_reads_its_replies_costs_only_its_own_connection() {
     let budget = 8u64 << 20;
@@ -147,25 +170,7 @@ fn a_client_that_never_reads_its_replies_costs_only_its_own_connection() {
     // Pipeline 32 MiB READs (12.8 GB of replies) and never read one.
     let mut hostile = Raw::go(&s.addr);
     let hostile_done = Arc::new(AtomicBool::new(false));
-    let sender = {
-        let done = Arc::clone(&hostile_done);
-        let mut w = hostile.s.try_clone().unwrap();
-        std::thread::spawn(move || {
-            for cookie in 0..400u64 {
-                let mut b = Vec::with_capacity(28);
-                b.extend_from_slice(&0x2560_9513u32.to_be_bytes());
-                b.extend_from_slice(&0u16.to_be_bytes());
-                b.extend_from_slice(&CMD_READ.to_be_bytes());
-                b.extend_from_slice(&cookie.to_be_bytes());
-                b.extend_from_slice(&((cookie % 7) << 25).to_be_bytes());
-                b.extend_from_slice(&(32u32 << 20).to_be_bytes());
-                if w.write_all(&b).is_err() {
-                    break;
-                }
-            }
-            done.store(true, Ordering::SeqCst);
-        })
-    };
+    let sender = pipeline_big_reads(hostile.s.try_clone().unwrap(), Arc::clone(&hostile_done));
     // The server's memory while the hostile client holds its replies.
     let peak = Arc::new(AtomicU64::new(0));
     let watching = Arc::new(AtomicBool::new(true));
