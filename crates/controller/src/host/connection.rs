@@ -550,7 +550,8 @@ pub fn negotiate(
     };
     let negotiated = match handshake::negotiate_with(&mut hs, &ctl.export, admit) {
         Ok(Outcome::Transmission(n)) => n,
-        Ok(Outcome::Aborted) => return None,
+        // TLS is off here: STARTTLS is refused, so never StartTls.
+        Ok(Outcome::Aborted | Outcome::StartTls { .. }) => return None,
         Err(HandshakeError::Io(e))
             if matches!(
                 e.kind(),
