@@ -7,12 +7,16 @@
 
 mod common;
 
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::{Duration, Instant};
 
-use common::raw::Raw;
+use common::raw::{IHAVEOPT, Raw};
 use common::{Server, random_bytes, run_ok, tool};
+use openssl::ssl::{SslConnector, SslMethod, SslStream, SslVerifyMode};
 
 /// NBD_OPT_STARTTLS, NBD_OPT_EXPORT_NAME, NBD_REP_ERR_TLS_REQD.
 const OPT_STARTTLS: u32 = 5;
@@ -490,6 +494,105 @@ fn fio_verifies_its_writes_through_an_nbds_uri() {
     );
     let out = text(&out);
     assert!(out.contains("err= 0"), "{out}");
+}
+
+/// A raw client over TLS: STARTTLS, the TLS handshake (the server's
+/// certificate not checked), then GO on the default export.
+fn raw_tls_go(addr: &str) -> SslStream<TcpStream> {
+    let mut raw = Raw::connect(addr);
+    raw.send(&3u32.to_be_bytes());
+    raw.option(OPT_STARTTLS, &[]);
+    assert_eq!(raw.option_reply().1, 1, "STARTTLS acknowledged");
+    let mut b = SslConnector::builder(SslMethod::tls_client()).unwrap();
+    b.set_verify(SslVerifyMode::NONE);
+    let mut tls = b
+        .build()
+        .connect("localhost", raw.s)
+        .expect("TLS handshake");
+    let mut go = IHAVEOPT.to_be_bytes().to_vec();
+    go.extend_from_slice(&7u32.to_be_bytes());
+    go.extend_from_slice(&6u32.to_be_bytes());
+    go.extend_from_slice(&[0; 6]);
+    tls.write_all(&go).unwrap();
+    loop {
+        let mut h = [0u8; 20];
+        tls.read_exact(&mut h).unwrap();
+        let mut data = vec![0u8; u32::from_be_bytes(h[16..20].try_into().unwrap()) as usize];
+        tls.read_exact(&mut data).unwrap();
+        match u32::from_be_bytes(h[12..16].try_into().unwrap()) {
+            1 => return tls,
+            kind => assert!(kind < 1 << 31, "GO over TLS refused: {kind:#x}"),
+        }
+    }
+}
+
+#[test]
+fn a_tls_client_that_reads_no_replies_is_cut_and_its_session_ends() {
+    let pki = pki();
+    let mut server = Server::start(
+        "256M",
+        &[
+            "--tls",
+            "require",
+            "--tls-certificates",
+            path(&pki.server),
+            "--send-timeout",
+            "1s",
+        ],
+    );
+    let mut tls = raw_tls_go(&server.addr);
+    tls.get_ref()
+        .set_write_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    // 32 MiB READs, pipelined, and not one reply read: the replies fill
+    // the client's socket, the pump's buffer and the connection's socket.
+    for cookie in 0..64u64 {
+        let mut b = 0x2560_9513u32.to_be_bytes().to_vec();
+        b.extend_from_slice(&0u16.to_be_bytes());
+        b.extend_from_slice(&0u16.to_be_bytes());
+        b.extend_from_slice(&cookie.to_be_bytes());
+        b.extend_from_slice(&((cookie % 7) << 25).to_be_bytes());
+        b.extend_from_slice(&(32u32 << 20).to_be_bytes());
+        if tls.write_all(&b).is_err() {
+            break;
+        }
+    }
+    // The connection cuts the client after send_timeout (1 s); the pump
+    // then gives it send_timeout more and closes the session.
+    // Neither waits for the client to read.
+    std::thread::sleep(Duration::from_secs(4));
+    let log = server.log();
+    assert!(
+        log.contains("send_timeout") && log.contains("took no reply"),
+        "{log}"
+    );
+    // Nothing is left running: a clean shutdown does not wait on it.
+    let stopping = Instant::now();
+    assert!(server.stop().success(), "{}", server.log());
+    assert!(stopping.elapsed() < Duration::from_secs(10));
+    // What the client can still read (what the sockets held) ends.
+    let started = Instant::now();
+    tls.get_ref()
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut sink = vec![0u8; 1 << 20];
+    let mut total = 0usize;
+    loop {
+        match tls.read(&mut sink) {
+            Ok(0) => break,
+            Ok(n) => total += n,
+            Err(e) => {
+                assert_ne!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock,
+                    "never closed: {e}"
+                );
+                break;
+            }
+        }
+    }
+    assert!(started.elapsed() < Duration::from_secs(30));
+    assert!(total < 256 << 20, "{total} bytes: the client was not cut");
 }
 
 /// `rebound serve` with these flags in a fresh directory: whether it

@@ -63,9 +63,12 @@
 //! - Ending: the client closing (close_notify or EOF) shuts the
 //!   connection's input after the bytes already received; the
 //!   connection closing (its end of the pair) sends what it wrote, then
-//!   close_notify, and the pump leaves, giving the client at most
-//!   `send_timeout` to take those last replies. A TLS error ends both
-//!   sides and is logged with the peer.
+//!   close_notify, and the pump leaves. Once the connection has hung up
+//!   (seen even while a full buffer keeps the pump from reading it: a
+//!   client that takes no replies is cut by the connection's
+//!   `send_timeout`), the client gets `send_timeout` without progress
+//!   before the pump gives up, so no pump outlives its connection by more
+//!   than that. A TLS error ends both sides and is logged with the peer.
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -622,6 +625,7 @@ impl Pump {
             client_done: false,
             server_done: false,
             input_shut: false,
+            plain_hup: false,
             tls_events: 0,
             plain_events: 0,
         };
@@ -670,6 +674,8 @@ struct PumpState {
     server_done: bool,
     /// The connection's input is shut (the client's bytes all passed on).
     input_shut: bool,
+    /// poll saw the connection hang up (its end may still hold replies).
+    plain_hup: bool,
     /// What the TLS socket and the pair's end wait for this pass.
     tls_events: i16,
     plain_events: i16,
@@ -701,32 +707,47 @@ impl PumpState {
         }
     }
 
-    /// Sleep until what blocked is ready; after the connection closed, at
-    /// most `linger` (the client takes nothing: give up).
-    fn wait(&self, linger: Duration) -> io::Result<()> {
-        // A side waited on for nothing is left out: poll reports a hang-up
-        // whether asked or not, which would spin.
-        let fd = |events: i16, fd: i32| if events == 0 { -1 } else { fd };
+    /// Sleep until what blocked is ready. Hang-ups are watched on both
+    /// sockets even when nothing is asked of them (a full buffer stops
+    /// reading its source): the connection hanging up (it cut a client
+    /// that takes no replies) starts the `linger` clock, after which a
+    /// pass that moves nothing ends the pump; the client's socket failing
+    /// ends it at once. A socket already known to have hung up is left out
+    /// unless waited on: poll reports a hang-up whether asked or not, which
+    /// would spin.
+    fn wait(&mut self, linger: Duration) -> io::Result<()> {
+        let watch_plain = !self.server_done && (self.plain_events != 0 || !self.plain_hup);
         let mut fds = [
             libc::pollfd {
-                fd: fd(self.tls_events, self.ssl.get_ref().as_raw_fd()),
+                fd: self.ssl.get_ref().as_raw_fd(),
                 events: self.tls_events,
                 revents: 0,
             },
             libc::pollfd {
-                fd: fd(self.plain_events, self.plain.as_raw_fd()),
+                fd: if watch_plain {
+                    self.plain.as_raw_fd()
+                } else {
+                    -1
+                },
                 events: self.plain_events,
                 revents: 0,
             },
         ];
-        if self.tls_events == 0 && self.plain_events == 0 {
-            return Err(io::Error::other("TLS pump blocked on nothing (a bug)"));
-        }
-        let limit = self.server_done.then_some(linger);
+        let limit = (self.server_done || self.plain_hup).then_some(linger);
         if socket::poll(&mut fds, limit)? == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::TimedOut,
                 "the client took no reply for send_timeout after the connection closed",
+            ));
+        }
+        let hung_up = |revents: i16| revents & (libc::POLLHUP | libc::POLLERR) != 0;
+        if hung_up(fds[1].revents) {
+            self.plain_hup = true;
+        }
+        if self.tls_events == 0 && hung_up(fds[0].revents) {
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionReset,
+                "the client's connection failed",
             ));
         }
         Ok(())
