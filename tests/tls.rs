@@ -423,7 +423,7 @@ fn verify_peer_admits_only_clients_with_a_certificate_the_ca_signed() {
 }
 
 #[test]
-fn psk_clients_connect_beside_certificates_and_a_wrong_key_is_refused() {
+fn psk_clients_connect_beside_certificates_over_tls_1_3_and_1_2_and_a_wrong_key_is_refused() {
     let pki = pki();
     // Both kinds of credentials on one server: a PSK client must not be
     // pushed to the certificate (TLS 1.3 binds the key to SHA-256).
@@ -463,6 +463,23 @@ fn psk_clients_connect_beside_certificates_and_a_wrong_key_is_refused() {
             .success()
     );
     qemu_io_ok(&qemu, &["read -P 0x44 0 1M"]);
+    // TLS 1.2's PSK suites too (GnuTLS priority strings, as qemu takes
+    // them), and TLS 1.2 with the certificate.
+    for kx in ["PSK", "ECDHE-PSK"] {
+        let tls12 = qemu_tls(
+            &server,
+            format!(
+                "tls-creds-psk,id=tls0,endpoint=client,dir={},username=alice,priority=NORMAL:-VERS-ALL:+VERS-TLS1.2:-KX-ALL:+{kx}",
+                path(&pki.psk_dir)
+            ),
+        );
+        qemu_io_ok(&tls12, &["read -P 0x44 0 64k"]);
+    }
+    let x509_12 = format!(
+        "{},priority=NORMAL:-VERS-TLS1.3",
+        x509_creds(&pki.anonymous)
+    );
+    qemu_io_ok(&qemu_tls(&server, x509_12), &["read -P 0x44 0 64k"]);
 }
 
 #[test]
