@@ -1129,4 +1129,63 @@ mod tests {
         let err = "yes".parse::<TlsMode>().unwrap_err();
         assert!(err.contains("off, on, require"), "{err}");
     }
+
+    /// An option a client might send: a known code or another, with up
+    /// to 24 bytes of data.
+    fn any_option() -> impl proptest::strategy::Strategy<Value = (u32, Vec<u8>)> {
+        use proptest::prelude::*;
+        let code = prop_oneof![
+            Just(opt::EXPORT_NAME),
+            Just(opt::ABORT),
+            Just(opt::STARTTLS),
+            Just(opt::GO),
+            Just(opt::INFO),
+            Just(opt::LIST),
+            Just(opt::STRUCTURED_REPLY),
+            Just(opt::SET_META_CONTEXT),
+            0u32..64,
+        ];
+        (code, proptest::collection::vec(any::<u8>(), 0..24))
+    }
+
+    /// Whether `reply` may be sent before TLS by a server requiring it:
+    /// TLS required, a STARTTLS with data refused, or (as the last) the
+    /// ACK of a STARTTLS or an ABORT.
+    fn allowed_before_tls(reply: &(u32, u32, Vec<u8>), last: bool) -> bool {
+        let (option, kind) = (reply.0, reply.1);
+        let ends = kind == rep::ACK && (option == opt::STARTTLS || option == opt::ABORT);
+        kind == rep::ERR_TLS_REQD
+            || (option == opt::STARTTLS && kind == rep::ERR_INVALID)
+            || (ends && last)
+    }
+
+    proptest::proptest! {
+        /// Invariants checked, for any options a client sends before TLS
+        /// to a server that requires it: nothing but `NBD_REP_ERR_TLS_REQD`
+        /// is answered until STARTTLS (ABORT aside, which ends it), no
+        /// option reaches transmission, and EXPORT_NAME closes.
+        #[test]
+        fn before_tls_a_tls_required_server_only_says_tls_required(
+            script in proptest::collection::vec(any_option(), 0..12)
+        ) {
+            let options: Vec<Vec<u8>> = script.iter().map(|(o, d)| option(*o, d)).collect();
+            let (r, out, _) = run_tls(TlsMode::Require, FLAG_C_FIXED_NEWSTYLE, &options);
+            let reps = replies(&out);
+            for (i, reply) in reps.iter().enumerate() {
+                let last = i + 1 == reps.len();
+                proptest::prop_assert!(allowed_before_tls(reply, last), "{:?} before TLS", reply);
+            }
+            let first_end = script.iter().position(|(o, d)| {
+                *o == opt::EXPORT_NAME || *o == opt::ABORT || (*o == opt::STARTTLS && d.is_empty())
+            });
+            let ended_right = match first_end.map(|i| script[i].0) {
+                Some(opt::EXPORT_NAME) => matches!(r, Err(HandshakeError::TlsRequired)),
+                Some(opt::ABORT) => matches!(r, Ok(Outcome::Aborted)),
+                Some(_) => matches!(r, Ok(Outcome::StartTls { .. })),
+                // The client ran out of bytes: never transmission.
+                None => matches!(r, Err(HandshakeError::Io(_))),
+            };
+            proptest::prop_assert!(ended_right, "ended with {:?}", r);
+        }
+    }
 }
