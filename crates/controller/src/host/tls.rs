@@ -299,20 +299,24 @@ impl TlsServer {
             return Ok(None);
         }
         let mut b = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls_server())?;
-        // A clean close is not required of the client (GnuTLS clients
-        // often just close), and writes may be retried from a moved buffer.
-        //
-        // The server's order of suites wins, so TLS 1.3 picks
-        // TLS_AES_128_GCM_SHA256 (first in the list) when the client
-        // offers it: an external PSK from OpenSSL's server callback is
-        // bound to SHA-256, and with a client's own order (GnuTLS prefers
-        // AES-256-GCM-SHA384) the key would be skipped for the certificate.
+        // - The server's order of suites wins, so TLS 1.3 picks
+        //   TLS_AES_128_GCM_SHA256 (first in the list) when the client
+        //   offers it: an external PSK from OpenSSL's server callback is
+        //   bound to SHA-256, and in a client's own order (GnuTLS prefers
+        //   AES-256-GCM-SHA384) the key would be skipped for the
+        //   certificate, failing a PSK-only client.
+        // - A clean close (close_notify) is not required of the client:
+        //   GnuTLS clients often just close.
+        // - No renegotiation (TLS 1.2): nothing needs it.
         b.set_options(
             SslOptions::IGNORE_UNEXPECTED_EOF
                 | SslOptions::NO_RENEGOTIATION
                 | SslOptions::CIPHER_SERVER_PREFERENCE,
         );
+        // The pump retries a blocked write from its buffer, which may
+        // have moved (compacted) since, and takes partial writes.
         b.set_mode(SslMode::ACCEPT_MOVING_WRITE_BUFFER | SslMode::ENABLE_PARTIAL_WRITE);
+        // Sessions resumed under client-certificate checks need an id.
         b.set_session_id_context(b"rebound-nbd")?;
         if let Some(dir) = &config.tls_certificates {
             load_x509(&mut b, dir, config.tls_verify_peer)?;
