@@ -27,6 +27,10 @@ want nbdsh python3-libnbd
 /usr/bin/python3 -c 'import nbd' 2>/dev/null || need+=(python3-libnbd)
 want systemd-socket-activate systemd
 want systemd-analyze systemd
+want pkg-config pkg-config   # finds the system OpenSSL for the openssl crate (NBD STARTTLS)
+[ -f /usr/include/openssl/ssl.h ] || need+=(libssl-dev)
+want psktool gnutls-bin     # tests/tls.rs: PSK files, and GnuTLS is what libnbd and qemu speak TLS with
+want certtool gnutls-bin
 want promtool prometheus   # checks dist/prometheus/rebound-alerts.yml (tests/ops_metrics.rs)
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
 if ((${#need[@]})); then

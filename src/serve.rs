@@ -136,6 +136,25 @@ pub struct ServeArgs {
     /// off [default: 60s].
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     tcp_keepalive: Option<std::time::Duration>,
+    /// NBD over TLS (STARTTLS): off; on (TLS and plaintext clients); or
+    /// require (TLS only: before it every option but STARTTLS and ABORT is
+    /// refused, as nbdkit's --tls=require). on and require need
+    /// --tls-certificates or --tls-psk [default: off].
+    #[arg(long, value_name = "MODE", value_parser = controller::config::TlsMode::NAMES.to_vec())]
+    tls: Option<String>,
+    /// Directory of the server's X.509 credentials, as qemu and nbdkit
+    /// name them: server-cert.pem, server-key.pem (mode 0600 or
+    /// stricter), and ca-cert.pem for --tls-verify-peer.
+    #[arg(long, value_name = "DIR")]
+    tls_certificates: Option<PathBuf>,
+    /// Clients must present a certificate signed by ca-cert.pem (in
+    /// --tls-certificates).
+    #[arg(long)]
+    tls_verify_peer: bool,
+    /// Pre-shared keys for TLS-PSK, psktool's format (identity:hexkey per
+    /// line; mode 0600 or stricter).
+    #[arg(long, value_name = "FILE")]
+    tls_psk: Option<PathBuf>,
     /// Threads per connection: they take turns reading requests and run
     /// them, so one waiting on a device does not hold up the others
     /// [default: 4].
@@ -307,6 +326,11 @@ impl ServeArgs {
                 .parse()
                 .map_err(|e: String| anyhow::anyhow!("invalid setting log_format: {e}"))?;
         }
+        if let Some(v) = &self.tls {
+            c.tls = v
+                .parse()
+                .map_err(|e: String| anyhow::anyhow!("invalid setting tls: {e}"))?;
+        }
         if let Some(v) = &self.output_commit {
             c.output_commit = controller::config::OutputCommitSetting(
                 OutputCommit::parse(v)
@@ -357,6 +381,15 @@ impl ServeArgs {
         }
         if let Some(v) = &self.trace_tasks {
             c.trace_tasks = Some(v.clone());
+        }
+        if let Some(v) = &self.tls_certificates {
+            c.tls_certificates = Some(v.clone());
+        }
+        if let Some(v) = &self.tls_psk {
+            c.tls_psk = Some(v.clone());
+        }
+        if self.tls_verify_peer {
+            c.tls_verify_peer = true;
         }
         if let Some(v) = &self.flush {
             c.flush = if v == "nvs" {
@@ -538,6 +571,9 @@ impl Running {
         config: &Config,
         inherited: Option<controller::host::socket::Listener>,
     ) -> anyhow::Result<Self> {
+        // The TLS files are checked before the volume is touched (the
+        // listener loads them again when it starts).
+        controller::host::tls::TlsServer::load(config).context("TLS credentials")?;
         let ctl = Controller::open(config.clone()).context("starting the controller")?;
         let metrics = match config.metrics {
             Some(addr) => Some(
@@ -662,6 +698,10 @@ mod tests {
         ("send_timeout", Some("7s")),
         ("reply_budget", Some("8M")),
         ("tcp_keepalive", Some("20s")),
+        ("tls", Some("require")),
+        ("tls_certificates", Some("/tmp/rebound-flags-tls")),
+        ("tls_verify_peer", None),
+        ("tls_psk", Some("/tmp/rebound-flags.psk")),
         ("socket_mode", Some("0660")),
         ("connection_threads", Some("2")),
         ("device_queue_depth", Some("8")),

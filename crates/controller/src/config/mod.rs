@@ -37,6 +37,10 @@
 //! send_timeout = "60s"                     # close a client that reads no reply for this long
 //! reply_budget = "64M"                     # per connection: bytes of admitted requests not yet replied; past it, stop reading
 //! tcp_keepalive = "60s"                    # idle time before keepalive probes (0s: off)
+//! tls = "off"                              # NBD STARTTLS: off | on (TLS and plaintext) | require (TLS only)
+//! tls_certificates = "/etc/rebound/tls"    # ca-cert.pem, server-cert.pem, server-key.pem (qemu's and nbdkit's names)
+//! tls_verify_peer = false                  # clients must show a certificate signed by ca-cert.pem
+//! tls_psk = "/etc/rebound/keys.psk"        # pre-shared keys, psktool's format (identity:hexkey per line)
 //! connection_threads = 4                   # per connection: read requests in turns, run them
 //! device_queue_depth = 32                  # per device; a full queue backs off (rung 1)
 //! control_blocks = 4096                    # requests in flight, all connections
@@ -65,6 +69,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::backend::device::LatencyConfig;
 pub use crate::backend::pseudodev::OutputCommit;
+pub use crate::nbd::handshake::TlsMode;
 pub use crate::units::{parse_duration, parse_size};
 pub use endpoint::Endpoint;
 
@@ -364,6 +369,21 @@ pub struct Config {
     /// probes): a vanished peer is found; zero: no keepalive.
     #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
     pub tcp_keepalive: Duration,
+    /// NBD STARTTLS ([`TlsMode`]): `on` or `require` needs
+    /// `tls_certificates` or `tls_psk`.
+    pub tls: TlsMode,
+    /// Directory of the server's X.509 credentials, named as qemu and
+    /// nbdkit name them: `server-cert.pem`, `server-key.pem` (mode 0600 or
+    /// stricter) and, for `tls_verify_peer`, `ca-cert.pem`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_certificates: Option<PathBuf>,
+    /// Clients must present a certificate signed by `ca-cert.pem`
+    /// (a PSK client is authenticated by its key instead).
+    pub tls_verify_peer: bool,
+    /// Pre-shared keys, psktool's format: `identity:hexkey` per line
+    /// (mode 0600 or stricter).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_psk: Option<PathBuf>,
     /// Outstanding reads and writes per backend device (its submission
     /// queue); a full queue makes the I/O back off and retry.
     pub device_queue_depth: u32,
@@ -520,6 +540,10 @@ impl Default for Config {
             send_timeout: Duration::from_secs(60),
             reply_budget: 64 << 20,
             tcp_keepalive: Duration::from_secs(60),
+            tls: TlsMode::Off,
+            tls_certificates: None,
+            tls_verify_peer: false,
+            tls_psk: None,
             device_queue_depth: 32,
             control_blocks: 4096,
             output_commit: OutputCommitSetting::default(),
@@ -670,7 +694,36 @@ impl Config {
         self.validate_timing()?;
         self.validate_connections()?;
         self.validate_export()?;
+        self.validate_tls()?;
         self.validate_device_latency()
+    }
+
+    /// TLS settings agree with each other; the files themselves are read
+    /// and checked when the listener starts (`host::tls`).
+    fn validate_tls(&self) -> Result<(), ConfigError> {
+        let credentials = self.tls_certificates.is_some() || self.tls_psk.is_some();
+        if self.tls == TlsMode::Off {
+            if credentials || self.tls_verify_peer {
+                return Err(invalid(
+                    "tls",
+                    "is off, but TLS credentials or tls_verify_peer are set: set tls = \"on\" or \"require\", or remove them",
+                ));
+            }
+            return Ok(());
+        }
+        if !credentials {
+            return Err(invalid(
+                "tls",
+                "on or require needs tls_certificates (a directory with server-cert.pem and server-key.pem) or tls_psk (a psktool key file)",
+            ));
+        }
+        if self.tls_verify_peer && self.tls_certificates.is_none() {
+            return Err(invalid(
+                "tls_verify_peer",
+                "needs tls_certificates (its ca-cert.pem verifies the clients' certificates)",
+            ));
+        }
+        Ok(())
     }
 
     /// The export's name and description are NBD strings: UTF-8 without
@@ -1049,6 +1102,34 @@ mod tests {
         c.nvs_size = 256 << 20;
         c.devices = 0;
         assert!(c.validate().unwrap_err().to_string().contains("devices"));
+    }
+
+    #[test]
+    fn tls_settings_must_agree_and_name_what_is_missing() {
+        let c: Config = toml::from_str("tls = \"require\"").unwrap();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("tls_certificates") && e.contains("tls_psk"),
+            "{e}"
+        );
+        let c: Config =
+            toml::from_str("tls = \"on\"\ntls_psk = \"/k.psk\"\ntls_verify_peer = true").unwrap();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("tls_verify_peer") && e.contains("ca-cert.pem"),
+            "{e}"
+        );
+        let c: Config = toml::from_str("tls_certificates = \"/etc/tls\"").unwrap();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("setting tls: is off"), "{e}");
+        let c: Config = toml::from_str(
+            "tls = \"require\"\ntls_certificates = \"/etc/tls\"\ntls_verify_peer = true",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.tls, TlsMode::Require);
+        let err = toml::from_str::<Config>("tls = \"yes\"").unwrap_err();
+        assert!(err.to_string().contains("require"), "{err}");
     }
 
     #[test]

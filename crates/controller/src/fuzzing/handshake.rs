@@ -204,6 +204,7 @@ fn error_name(e: &HandshakeError) -> &'static str {
         HandshakeError::TooManyOptions => "TooManyOptions",
         HandshakeError::UnknownExport(_) => "UnknownExport",
         HandshakeError::Refused(_) => "Refused",
+        HandshakeError::TlsRequired => "TlsRequired",
     }
 }
 

@@ -59,11 +59,12 @@ use crate::controller::Controller;
 use crate::engine::ReplySink;
 use crate::engine::request::Request;
 use crate::host::socket::Socket;
+use crate::host::tls::{Pump, Secured, TlsServer};
 use crate::limits::{
     CONNECTION_READ_BUFFER_BYTES, DISCARD_PAYLOAD_MAX, INFLIGHT_PER_CONNECTION_MAX,
     MAX_PAYLOAD_BYTES, TRACK_BYTES,
 };
-use crate::nbd::handshake::{self, HandshakeError, Negotiated, Outcome};
+use crate::nbd::handshake::{self, HandshakeError, Negotiated, Outcome, TlsMode};
 use crate::nbd::proto::{self, NbdError, REQUEST_BYTES, RequestHeader, chunk, cmd};
 
 /// What a request costs its connection's budget beyond its data: the
@@ -540,27 +541,115 @@ impl std::io::Write for Deadline<'_> {
     }
 }
 
-/// Negotiate with a new client within `handshake_timeout`: the socket to
-/// serve and what was agreed, or `None` (the client left, aborted, broke
-/// the protocol or ran out of time; logged).
+/// A negotiated client, ready for the transmission phase.
+#[derive(Debug)]
+pub struct Negotiation {
+    /// The socket to serve: the client's, or after STARTTLS the
+    /// plaintext end of its TLS pump.
+    pub socket: Socket,
+    /// What was agreed.
+    pub negotiated: Negotiated,
+    /// The TLS pump, to join once the connection is served.
+    pub pump: Option<Pump>,
+}
+
+/// Negotiate with a new client within `handshake_timeout` (the TLS
+/// handshake after STARTTLS included): the socket to serve and what was
+/// agreed, or `None` (the client left, aborted, broke the protocol, failed
+/// TLS or ran out of time; logged).
 ///
+/// `tls`: the server's TLS credentials and mode (`None`: TLS off).
 /// `admit` is asked before the client enters transmission (see
 /// [`handshake::negotiate_with`]).
 pub fn negotiate(
     ctl: &Controller,
     socket: Socket,
     id: u64,
+    tls: Option<&TlsServer>,
     admit: &mut dyn FnMut() -> Result<(), String>,
-) -> Option<(Socket, Negotiated)> {
-    let limit = ctl.config.handshake_timeout;
-    let mut hs = Deadline {
-        s: &socket,
-        until: Instant::now() + limit,
+) -> Option<Negotiation> {
+    let until = Instant::now() + ctl.config.handshake_timeout;
+    let mode = tls.map_or(TlsMode::Off, TlsServer::mode);
+    // Named once: a socket the client reset no longer knows its peer.
+    let peer = socket.peer_name();
+    let mut hs = Deadline { s: &socket, until };
+    match handshake::negotiate_tls(&mut hs, &ctl.export, mode, admit) {
+        Ok(Outcome::Transmission(negotiated)) => {
+            let _ = socket.set_read_timeout(None);
+            let _ = socket.set_write_timeout(None);
+            Some(Negotiation {
+                socket,
+                negotiated,
+                pump: None,
+            })
+        }
+        Ok(Outcome::StartTls { no_zeroes }) => {
+            let tls = tls.expect("STARTTLS is acknowledged only with TLS on");
+            let to = Peer { id, name: peer };
+            secure(ctl, socket, &to, tls, no_zeroes, until, admit)
+        }
+        Ok(Outcome::Aborted) => None,
+        Err(e) => {
+            failed(ctl, &socket, &Peer { id, name: peer }, e);
+            None
+        }
+    }
+}
+
+/// After STARTTLS: the TLS handshake, the rest of the negotiation over it,
+/// then the pump that carries the transmission phase.
+fn secure(
+    ctl: &Controller,
+    socket: Socket,
+    peer: &Peer,
+    tls: &TlsServer,
+    no_zeroes: bool,
+    until: Instant,
+    admit: &mut dyn FnMut() -> Result<(), String>,
+) -> Option<Negotiation> {
+    let handle = socket.try_clone().ok()?;
+    let mut session = match tls.accept(socket, until) {
+        Ok(s) => s,
+        Err(e) => {
+            failed(ctl, &handle, peer, HandshakeError::Io(e));
+            return None;
+        }
     };
-    let negotiated = match handshake::negotiate_with(&mut hs, &ctl.export, admit) {
+    let mut secured = Secured::new(&mut session, until);
+    let negotiated = match handshake::resume_after_tls(&mut secured, &ctl.export, no_zeroes, admit)
+    {
         Ok(Outcome::Transmission(n)) => n,
-        Ok(Outcome::Aborted) => return None,
-        Err(HandshakeError::Io(e))
+        Ok(Outcome::Aborted | Outcome::StartTls { .. }) => return None,
+        Err(e) => {
+            failed(ctl, &handle, peer, e);
+            return None;
+        }
+    };
+    let id = peer.id;
+    match Pump::start(session, peer.name.clone(), id, ctl.config.send_timeout) {
+        Ok((socket, pump)) => Some(Negotiation {
+            socket,
+            negotiated,
+            pump: Some(pump),
+        }),
+        Err(e) => {
+            tracing::warn!(conn = id, error = %e, "cannot start the TLS pump; closing the connection");
+            None
+        }
+    }
+}
+
+/// A connection, for log lines.
+struct Peer {
+    id: u64,
+    name: String,
+}
+
+/// Log why a negotiation failed and close the connection.
+fn failed(ctl: &Controller, socket: &Socket, to: &Peer, e: HandshakeError) {
+    let (id, peer) = (to.id, &to.name);
+    match e {
+        HandshakeError::Io(e)
             if matches!(
                 e.kind(),
                 std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
@@ -569,29 +658,30 @@ pub fn negotiate(
             ctl.metrics
                 .handshake_timeouts
                 .fetch_add(1, Ordering::Relaxed);
-            tracing::info!(conn = id, peer = %socket.peer_name(), ?limit, "the client did not finish its handshake in time; closing");
-            let _ = socket.shutdown(Shutdown::Both);
-            return None;
+            let limit = ctl.config.handshake_timeout;
+            tracing::info!(conn = id, %peer, ?limit, "the client did not finish its handshake in time; closing");
         }
-        Err(HandshakeError::Io(e)) => {
+        HandshakeError::Io(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+            // TLS refused the client (a bad or missing certificate, a
+            // wrong key) or the session broke.
+            tracing::warn!(conn = id, %peer, error = %e, "TLS failed during the handshake; closing the connection");
+        }
+        HandshakeError::Io(e) => {
             tracing::debug!(conn = id, error = %e, "client left during the handshake");
-            return None;
+            return;
         }
-        Err(HandshakeError::Refused(why)) => {
-            tracing::warn!(conn = id, peer = %socket.peer_name(), "{why}; closing the connection");
-            let _ = socket.shutdown(Shutdown::Both);
-            return None;
+        HandshakeError::Refused(why) => {
+            tracing::warn!(conn = id, %peer, "{why}; closing the connection");
         }
-        Err(e) => {
+        HandshakeError::TlsRequired => {
+            tracing::info!(conn = id, %peer, "EXPORT_NAME without TLS on a server that requires it; closing the connection");
+        }
+        e => {
             tracing::warn!(conn = id, error = %e, "handshake failed; closing the connection");
             ctl.metrics.protocol_errors.fetch_add(1, Ordering::Relaxed);
-            let _ = socket.shutdown(Shutdown::Both);
-            return None;
         }
-    };
-    let _ = socket.set_read_timeout(None);
-    let _ = socket.set_write_timeout(None);
-    Some((socket, negotiated))
+    }
+    let _ = socket.shutdown(Shutdown::Both);
 }
 
 /// Serve one negotiated client until it disconnects.

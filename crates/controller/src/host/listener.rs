@@ -17,6 +17,10 @@
 //!   is closed with a warning;
 //! - `max_connections_per_peer` (0: no cap) bounds the connections,
 //!   negotiating or served, of one client address.
+//!
+//! With `tls` on, the credentials are loaded before the first accept
+//! ([`crate::host::tls`]); a client that negotiates TLS is served on the
+//! plaintext end of its TLS pump, which its thread joins when it ends.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Shutdown, SocketAddr};
@@ -30,6 +34,7 @@ use parking_lot::Mutex;
 use crate::config::Endpoint;
 use crate::controller::Controller;
 use crate::host::socket::{Listener, Socket};
+use crate::host::tls::TlsServer;
 
 /// Where a live connection is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,16 +121,27 @@ impl std::fmt::Debug for Server {
 }
 
 impl Server {
-    /// Bind the configured endpoint and start accepting.
+    /// Load the TLS credentials (if any), bind the configured endpoint
+    /// and start accepting.
     pub fn start(ctl: Arc<Controller>) -> std::io::Result<Self> {
+        let tls = load_tls(&ctl)?;
         let listener = Listener::bind(&ctl.config.listen, ctl.config.socket_mode)?;
-        Self::start_on(ctl, listener)
+        Self::serve(ctl, listener, tls)
     }
 
     /// Start accepting on `listener`, a listening socket bound elsewhere
     /// (one inherited from systemd); `listen` in the configuration is not
     /// bound.
     pub fn start_on(ctl: Arc<Controller>, listener: Listener) -> std::io::Result<Self> {
+        let tls = load_tls(&ctl)?;
+        Self::serve(ctl, listener, tls)
+    }
+
+    fn serve(
+        ctl: Arc<Controller>,
+        listener: Listener,
+        tls: Option<Arc<TlsServer>>,
+    ) -> std::io::Result<Self> {
         listener.set_blocking()?;
         let endpoint = listener.endpoint()?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -134,9 +150,9 @@ impl Server {
             let (ctl, stop, live) = (Arc::clone(&ctl), Arc::clone(&stop), Arc::clone(&live));
             std::thread::Builder::new()
                 .name("nbd-accept".into())
-                .spawn(move || accept_loop(&listener, &ctl, &stop, &live))?
+                .spawn(move || accept_loop(&listener, &ctl, tls.as_ref(), &stop, &live))?
         };
-        tracing::info!(%endpoint, "serving NBD (export \"\" and \"{}\")", ctl.config.export_name);
+        tracing::info!(%endpoint, tls = ?ctl.config.tls, "serving NBD (export \"\" and \"{}\")", ctl.config.export_name);
         Ok(Self {
             ctl,
             endpoint,
@@ -206,9 +222,17 @@ impl Drop for Server {
     }
 }
 
+/// The TLS credentials the configuration names (checked: an error names
+/// the file).
+fn load_tls(ctl: &Controller) -> std::io::Result<Option<Arc<TlsServer>>> {
+    TlsServer::load(&ctl.config)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))
+}
+
 fn accept_loop(
     listener: &Listener,
     ctl: &Arc<Controller>,
+    tls: Option<&Arc<TlsServer>>,
     stop: &AtomicBool,
     live: &Arc<Mutex<Live>>,
 ) {
@@ -235,10 +259,10 @@ fn accept_loop(
         ctl.metrics
             .connections_total
             .fetch_add(1, Ordering::Relaxed);
-        let (c, l) = (Arc::clone(ctl), Arc::clone(live));
+        let (c, l, t) = (Arc::clone(ctl), Arc::clone(live), tls.cloned());
         let spawned = std::thread::Builder::new()
             .name(format!("nbd-conn-{id}"))
-            .spawn(move || run_connection(&c, &l, socket, id));
+            .spawn(move || run_connection(&c, &l, t.as_deref(), socket, id));
         match spawned {
             Ok(t) => {
                 let mut g = live.lock();
@@ -285,21 +309,30 @@ fn register(ctl: &Controller, live: &Mutex<Live>, id: u64, socket: &Socket) -> b
 }
 
 /// One connection's thread: negotiate, take a served slot, serve, leave.
-fn run_connection(ctl: &Arc<Controller>, live: &Mutex<Live>, socket: Socket, id: u64) {
+fn run_connection(
+    ctl: &Arc<Controller>,
+    live: &Mutex<Live>,
+    tls: Option<&TlsServer>,
+    socket: Socket,
+    id: u64,
+) {
     let mut admit = || promote(ctl, live, id);
-    if let Some((socket, negotiated)) =
-        crate::host::connection::negotiate(ctl, socket, id, &mut admit)
-    {
+    if let Some(n) = crate::host::connection::negotiate(ctl, socket, id, tls, &mut admit) {
         if let Some(e) = live.lock().conns.get_mut(&id)
-            && let Ok(handle) = socket.try_clone()
+            && let Ok(handle) = n.socket.try_clone()
         {
             // After TLS the connection is served on another socket:
             // register that one, so a shutdown ends it.
             e.socket = handle;
         }
         ctl.metrics.connections.fetch_add(1, Ordering::Relaxed);
-        crate::host::connection::serve(Arc::clone(ctl), socket, negotiated, id);
+        crate::host::connection::serve(Arc::clone(ctl), n.socket, n.negotiated, id);
         ctl.metrics.connections.fetch_sub(1, Ordering::Relaxed);
+        if let Some(pump) = n.pump {
+            // The connection closed its end: the pump sends the last
+            // replies (within send_timeout) and ends the session.
+            pump.join();
+        }
     }
     live.lock().conns.remove(&id);
 }

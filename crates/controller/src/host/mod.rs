@@ -14,6 +14,7 @@
 //! | [`listener`] | accepting clients: negotiating ones bounded and timed, served ones by `--max-connections` |
 //! | [`connection`] | one connection: handshake, framing, admission, the reply outbox and its drainer |
 //! | [`partial`] | requests at any byte alignment turned into whole-track ones (read-modify-write) |
+//! | [`tls`] | NBD over TLS: credentials (X.509, PSK), the handshake after STARTTLS, the per-connection pump |
 
 pub mod connection;
 pub mod listener;
@@ -21,3 +22,4 @@ pub mod partial;
 // System calls std lacks: sendmsg(MSG_DONTWAIT), poll, setsockopt.
 #[allow(unsafe_code)]
 pub mod socket;
+pub mod tls;

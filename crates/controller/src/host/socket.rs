@@ -3,7 +3,8 @@
 //! of the host adapter, and the system calls the reply path needs that
 //! `std` does not offer: a `sendmsg` that never blocks (`MSG_DONTWAIT`, per
 //! call, so the connection's reading threads keep blocking reads on the
-//! same socket) and a bounded wait for room in the send buffer (`poll`).
+//! same socket), a bounded wait for room in the send buffer (`poll`), and
+//! a general [`poll`] for the TLS layer's non-blocking sockets.
 
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -55,6 +56,15 @@ impl Socket {
         match self {
             Self::Tcp(s) => s.set_write_timeout(t),
             Self::Unix(s) => s.set_write_timeout(t),
+        }
+    }
+
+    /// Non-blocking reads and writes on (`true`) or off (the TLS layer's
+    /// socket, which waits with [`poll`] itself).
+    pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        match self {
+            Self::Tcp(s) => s.set_nonblocking(on),
+            Self::Unix(s) => s.set_nonblocking(on),
         }
     }
 
@@ -203,6 +213,46 @@ impl Write for &Socket {
 
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
+    }
+}
+
+// Owned forms, for a stream that owns its socket (the TLS session).
+impl Read for Socket {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        (&*self).read(buf)
+    }
+}
+
+impl Write for Socket {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        (&*self).write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Wait until one of `fds` is ready or `limit` passes (`None`: no
+/// limit): how many are ready (0: the time ran out). A negative fd is
+/// skipped, as poll(2) does; `EINTR` is retried with the whole limit.
+pub fn poll(fds: &mut [libc::pollfd], limit: Option<Duration>) -> io::Result<usize> {
+    let ms = limit.map_or(-1, |l| {
+        // Round up: a wait of 0.4 ms must not become a busy poll(0).
+        let ms = l.as_micros().div_ceil(1000);
+        libc::c_int::try_from(ms).unwrap_or(libc::c_int::MAX)
+    });
+    loop {
+        // SAFETY: poll reads and writes exactly `fds.len()` pollfds, all in
+        // the slice we borrow mutably for the call.
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        if rc >= 0 {
+            return Ok(rc as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
     }
 }
 

@@ -1,8 +1,27 @@
 //! The fixed newstyle handshake (proto.md "Fixed newstyle negotiation",
 //! "Option types"): options EXPORT_NAME, ABORT, LIST, INFO, GO,
 //! STRUCTURED_REPLY, and LIST_META_CONTEXT / SET_META_CONTEXT with the one
-//! context `base:allocation` (for BLOCK_STATUS); STARTTLS is answered
-//! `NBD_REP_ERR_UNSUP`, like any unknown option.
+//! context `base:allocation` (for BLOCK_STATUS), and STARTTLS.
+//!
+//! TLS ([`TlsMode`]; proto.md "TLS support"): off, STARTTLS is answered
+//! `NBD_REP_ERR_UNSUP` like any unknown option. On or required, STARTTLS
+//! is acknowledged and negotiation stops with [`Outcome::StartTls`]; this
+//! module never touches TLS itself: the caller runs the TLS handshake on
+//! the socket and calls [`resume_after_tls`] on the secured stream, which
+//! haggles again from a clean slate (no greeting, no client flags; nothing
+//! agreed before TLS is kept). Required, every option before TLS except
+//! STARTTLS and ABORT is answered `NBD_REP_ERR_TLS_REQD`, and EXPORT_NAME
+//! (no error reply exists for it) ends the connection.
+//!
+//! ```text
+//!   greeting, client flags
+//!        |
+//!   haggle (plaintext) --STARTTLS, ACK--> [caller: TLS handshake]
+//!        |                                      |
+//!        | GO / EXPORT_NAME              haggle (secured) --STARTTLS--> ERR_INVALID
+//!        v                                      | GO / EXPORT_NAME
+//!   transmission (plaintext)             transmission (over TLS)
+//! ```
 //!
 //! The export is served under the name `""` (the default export) and under
 //! its listed name (`--export-name`, default `rebound`), which LIST
@@ -98,6 +117,47 @@ pub enum Outcome {
     Transmission(Negotiated),
     /// The client aborted (NBD_OPT_ABORT) or listed and left.
     Aborted,
+    /// STARTTLS was acknowledged: the caller runs the TLS server handshake
+    /// on the raw socket, then [`resume_after_tls`] on the secured stream.
+    StartTls {
+        /// The client's NBD_FLAG_C_NO_ZEROES, from before TLS.
+        no_zeroes: bool,
+    },
+}
+
+/// Whether the handshake offers TLS (`tls` in the configuration).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TlsMode {
+    /// STARTTLS is answered `NBD_REP_ERR_UNSUP`.
+    #[default]
+    Off,
+    /// STARTTLS is accepted; plaintext clients are served too.
+    On,
+    /// Nothing but STARTTLS and ABORT is answered before TLS
+    /// (`NBD_REP_ERR_TLS_REQD`), as nbdkit's `--tls=require`.
+    Require,
+}
+
+impl TlsMode {
+    /// The valid values, as written in the TOML file and the flag.
+    pub const NAMES: &'static [&'static str] = &["off", "on", "require"];
+}
+
+impl std::str::FromStr for TlsMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "off" => Ok(Self::Off),
+            "on" => Ok(Self::On),
+            "require" => Ok(Self::Require),
+            other => Err(format!(
+                "unknown TLS mode {other:?} (expected one of: {})",
+                Self::NAMES.join(", ")
+            )),
+        }
+    }
 }
 
 /// Why negotiation ended without a session (the connection is closed).
@@ -129,6 +189,10 @@ pub enum HandshakeError {
     /// The server refused to serve the client (why).
     #[error("refused: {0}")]
     Refused(String),
+    /// NBD_OPT_EXPORT_NAME before STARTTLS on a server that requires TLS
+    /// (EXPORT_NAME has no error reply: the connection is closed).
+    #[error("NBD_OPT_EXPORT_NAME before STARTTLS on a server that requires TLS")]
+    TlsRequired,
 }
 
 fn read_u32(s: &mut impl Read) -> io::Result<u32> {
@@ -157,7 +221,7 @@ fn error_reply(s: &mut impl Write, option: u32, kind: u32, message: &str) -> io:
     reply(s, option, kind, message.as_bytes())
 }
 
-/// Run the server side of the handshake on `s`.
+/// Run the server side of the handshake on `s`, without TLS.
 pub fn negotiate<S: Read + Write>(
     s: &mut S,
     export: &ExportInfo,
@@ -175,6 +239,22 @@ pub fn negotiate_with<S: Read + Write>(
     export: &ExportInfo,
     admit: &mut dyn FnMut() -> Result<(), String>,
 ) -> Result<Outcome, HandshakeError> {
+    negotiate_tls(s, export, TlsMode::Off, admit)
+}
+
+/// [`negotiate_with`] under a TLS mode: with [`TlsMode::On`] or
+/// [`TlsMode::Require`], STARTTLS is acknowledged and negotiation returns
+/// [`Outcome::StartTls`]; the caller then runs the TLS server handshake on
+/// the raw socket and continues with [`resume_after_tls`] on the secured
+/// stream. Under [`TlsMode::Require`] every option before it but STARTTLS
+/// and ABORT is answered `NBD_REP_ERR_TLS_REQD`, and EXPORT_NAME (which has
+/// no error reply) ends the connection ([`HandshakeError::TlsRequired`]).
+pub fn negotiate_tls<S: Read + Write>(
+    s: &mut S,
+    export: &ExportInfo,
+    tls: TlsMode,
+    admit: &mut dyn FnMut() -> Result<(), String>,
+) -> Result<Outcome, HandshakeError> {
     let mut hello = Vec::with_capacity(18);
     hello.extend_from_slice(&NBDMAGIC.to_be_bytes());
     hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
@@ -185,9 +265,68 @@ pub fn negotiate_with<S: Read + Write>(
     if client_flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
         return Err(HandshakeError::BadClientFlags(client_flags));
     }
-    let no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
-    let mut structured = false;
-    let mut allocation = false;
+    let mut st = Haggle::new(client_flags & FLAG_C_NO_ZEROES != 0, tls, false);
+    haggle(s, export, &mut st, admit)
+}
+
+/// Option haggling again on a stream just secured by TLS, after
+/// [`Outcome::StartTls`]: no greeting is sent and no client flags are read
+/// (the client sent them before TLS; `no_zeroes` is what they said). As
+/// the protocol requires, nothing agreed before TLS carries over
+/// (structured replies, metadata contexts); a second STARTTLS is
+/// `NBD_REP_ERR_INVALID`. Options are counted afresh against
+/// [`OPTIONS_MAX`], so one connection haggles at most twice that many.
+pub fn resume_after_tls<S: Read + Write>(
+    s: &mut S,
+    export: &ExportInfo,
+    no_zeroes: bool,
+    admit: &mut dyn FnMut() -> Result<(), String>,
+) -> Result<Outcome, HandshakeError> {
+    let mut st = Haggle::new(no_zeroes, TlsMode::Require, true);
+    haggle(s, export, &mut st, admit)
+}
+
+/// What option haggling has agreed so far.
+struct Haggle {
+    no_zeroes: bool,
+    tls: TlsMode,
+    /// TLS is on: this haggling runs over the secured stream.
+    secured: bool,
+    structured: bool,
+    allocation: bool,
+}
+
+impl Haggle {
+    fn new(no_zeroes: bool, tls: TlsMode, secured: bool) -> Self {
+        Self {
+            no_zeroes,
+            tls,
+            secured,
+            structured: false,
+            allocation: false,
+        }
+    }
+
+    fn negotiated(&self) -> Negotiated {
+        Negotiated {
+            structured: self.structured,
+            allocation: self.allocation && self.structured,
+        }
+    }
+
+    /// TLS must come first and has not.
+    fn tls_missing(&self) -> bool {
+        self.tls == TlsMode::Require && !self.secured
+    }
+}
+
+/// Read and answer options until one ends the haggling.
+fn haggle<S: Read + Write>(
+    s: &mut S,
+    export: &ExportInfo,
+    st: &mut Haggle,
+    admit: &mut dyn FnMut() -> Result<(), String>,
+) -> Result<Outcome, HandshakeError> {
     for _ in 0..OPTIONS_MAX {
         let magic = read_u64(s)?;
         if magic != IHAVEOPT {
@@ -200,64 +339,107 @@ pub fn negotiate_with<S: Read + Write>(
         }
         let mut data = vec![0u8; length as usize];
         s.read_exact(&mut data)?;
-        let step = match option {
-            opt::EXPORT_NAME => {
-                let negotiated = Negotiated {
-                    structured,
-                    allocation: allocation && structured,
-                };
-                if export.matches(&data) {
-                    admit().map_err(HandshakeError::Refused)?;
-                }
-                return export_name(s, export, &data, no_zeroes, negotiated);
+        match one_option(s, export, st, option, &data, admit)? {
+            Step::Continue => s.flush()?,
+            Step::Go => {
+                s.flush()?;
+                return Ok(Outcome::Transmission(st.negotiated()));
             }
-            opt::ABORT => {
-                // The client may already be gone; a failed ACK is fine.
-                let _ = reply(s, option, rep::ACK, &[]);
-                return Ok(Outcome::Aborted);
-            }
-            opt::LIST => list(s, export, &data),
-            opt::INFO | opt::GO => info_or_go(s, export, option, &data, structured, admit)?,
-            opt::STRUCTURED_REPLY => {
-                if data.is_empty() {
-                    structured = true;
-                    reply(s, option, rep::ACK, &[])?;
-                } else {
-                    error_reply(
-                        s,
-                        option,
-                        rep::ERR_INVALID,
-                        "STRUCTURED_REPLY takes no data",
-                    )?;
-                }
-                Step::Continue
-            }
-            opt::LIST_META_CONTEXT | opt::SET_META_CONTEXT => {
-                meta_context(s, export, option, &data, structured, &mut allocation)?
-            }
-            opt::STARTTLS => {
-                error_reply(s, option, rep::ERR_UNSUP, "TLS is not supported")?;
-                Step::Continue
-            }
-            _ => {
-                error_reply(s, option, rep::ERR_UNSUP, "option not supported")?;
-                Step::Continue
-            }
-        };
-        s.flush()?;
-        if let Step::Go = step {
-            return Ok(Outcome::Transmission(Negotiated {
-                structured,
-                allocation: allocation && structured,
-            }));
+            // Flushed already where it matters (EXPORT_NAME, STARTTLS);
+            // an ABORT's client may be gone.
+            Step::End(outcome) => return Ok(outcome),
         }
     }
     Err(HandshakeError::TooManyOptions)
 }
 
+/// Answer one option.
+fn one_option<S: Read + Write>(
+    s: &mut S,
+    export: &ExportInfo,
+    st: &mut Haggle,
+    option: u32,
+    data: &[u8],
+    admit: &mut dyn FnMut() -> Result<(), String>,
+) -> Result<Step, HandshakeError> {
+    if st.tls_missing() && option != opt::STARTTLS && option != opt::ABORT {
+        if option == opt::EXPORT_NAME {
+            return Err(HandshakeError::TlsRequired);
+        }
+        error_reply(s, option, rep::ERR_TLS_REQD, TLS_REQUIRED_MESSAGE)?;
+        return Ok(Step::Continue);
+    }
+    Ok(match option {
+        opt::EXPORT_NAME => {
+            let negotiated = st.negotiated();
+            if export.matches(data) {
+                admit().map_err(HandshakeError::Refused)?;
+            }
+            let outcome = export_name(s, export, data, st.no_zeroes, negotiated)?;
+            Step::End(outcome)
+        }
+        opt::ABORT => {
+            // The client may already be gone; a failed ACK is fine.
+            let _ = reply(s, option, rep::ACK, &[]);
+            Step::End(Outcome::Aborted)
+        }
+        opt::LIST => list(s, export, data),
+        opt::INFO | opt::GO => info_or_go(s, export, option, data, st.structured, admit)?,
+        opt::STRUCTURED_REPLY => {
+            if data.is_empty() {
+                st.structured = true;
+                reply(s, option, rep::ACK, &[])?;
+            } else {
+                let msg = "STRUCTURED_REPLY takes no data";
+                error_reply(s, option, rep::ERR_INVALID, msg)?;
+            }
+            Step::Continue
+        }
+        opt::LIST_META_CONTEXT | opt::SET_META_CONTEXT => {
+            meta_context(s, export, option, data, st.structured, &mut st.allocation)?
+        }
+        opt::STARTTLS => start_tls(s, st, data)?,
+        _ => {
+            error_reply(s, option, rep::ERR_UNSUP, "option not supported")?;
+            Step::Continue
+        }
+    })
+}
+
+/// The message of `NBD_REP_ERR_TLS_REQD`.
+const TLS_REQUIRED_MESSAGE: &str =
+    "this server requires TLS: negotiate NBD_OPT_STARTTLS first (an nbds:// URI, or tls-creds)";
+
+/// NBD_OPT_STARTTLS: refused when TLS is off, already on, or given data;
+/// otherwise acknowledged, and the TLS handshake comes next.
+fn start_tls<S: Write>(s: &mut S, st: &Haggle, data: &[u8]) -> io::Result<Step> {
+    let refusal = if st.tls == TlsMode::Off {
+        Some((rep::ERR_UNSUP, "TLS is not enabled on this server (--tls)"))
+    } else if st.secured {
+        Some((rep::ERR_INVALID, "TLS is already negotiated"))
+    } else if !data.is_empty() {
+        Some((rep::ERR_INVALID, "STARTTLS takes no data"))
+    } else {
+        None
+    };
+    if let Some((kind, msg)) = refusal {
+        error_reply(s, opt::STARTTLS, kind, msg)?;
+        return Ok(Step::Continue);
+    }
+    reply(s, opt::STARTTLS, rep::ACK, &[])?;
+    // Nothing more is sent in plaintext: the TLS handshake comes next.
+    s.flush()?;
+    Ok(Step::End(Outcome::StartTls {
+        no_zeroes: st.no_zeroes,
+    }))
+}
+
 enum Step {
     Continue,
+    /// GO succeeded: enter transmission with what was agreed.
     Go,
+    /// Haggling is over (EXPORT_NAME, ABORT, STARTTLS).
+    End(Outcome),
 }
 
 fn export_name<S: Write>(
@@ -527,8 +709,13 @@ mod tests {
 
     /// Option replies after the 18-byte greeting: (option, type, data).
     fn replies(out: &[u8]) -> Vec<(u32, u32, Vec<u8>)> {
+        replies_from(&out[18..])
+    }
+
+    /// Option replies from the start of `b` (a resumed negotiation sends
+    /// no greeting).
+    fn replies_from(mut b: &[u8]) -> Vec<(u32, u32, Vec<u8>)> {
         let mut v = Vec::new();
-        let mut b = &out[18..];
         while b.len() >= 20 {
             assert_eq!(&b[0..8], &OPTION_REPLY_MAGIC.to_be_bytes());
             let o = u32::from_be_bytes(b[8..12].try_into().unwrap());
@@ -786,5 +973,219 @@ mod tests {
         assert_ne!(e.transmission_flags(false) & tflags::READ_ONLY, 0);
         assert_ne!(e.transmission_flags(true) & tflags::SEND_FAST_ZERO, 0);
         assert_ne!(e.transmission_flags(true) & tflags::SEND_CACHE, 0);
+    }
+
+    /// Negotiate under `tls`: the outcome, what the server sent, and how
+    /// many of the client's bytes it read.
+    fn run_tls(
+        tls: TlsMode,
+        client_flags: u32,
+        options: &[Vec<u8>],
+    ) -> (Result<Outcome, HandshakeError>, Vec<u8>, usize) {
+        let mut input = client_flags.to_be_bytes().to_vec();
+        input.extend(options.concat());
+        let mut s = Script {
+            input: io::Cursor::new(input),
+            output: Vec::new(),
+        };
+        let r = negotiate_tls(&mut s, &export(), tls, &mut || Ok(()));
+        (r, s.output, s.input.position() as usize)
+    }
+
+    /// Haggle on a stream just secured (after STARTTLS).
+    fn run_resumed(
+        no_zeroes: bool,
+        options: &[Vec<u8>],
+    ) -> (Result<Outcome, HandshakeError>, Vec<u8>) {
+        let mut s = Script {
+            input: io::Cursor::new(options.concat()),
+            output: Vec::new(),
+        };
+        let r = resume_after_tls(&mut s, &export(), no_zeroes, &mut || Ok(()));
+        (r, s.output)
+    }
+
+    #[test]
+    fn starttls_is_acked_and_nothing_after_it_is_read_in_plaintext() {
+        for mode in [TlsMode::On, TlsMode::Require] {
+            let before = option(opt::STARTTLS, &[]);
+            let after = option(opt::GO, &go("", &[]));
+            let flags = FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES;
+            let (r, out, read) = run_tls(mode, flags, &[before.clone(), after]);
+            assert_eq!(r.unwrap(), Outcome::StartTls { no_zeroes: true });
+            assert_eq!(replies(&out), [(opt::STARTTLS, rep::ACK, vec![])]);
+            assert_eq!(read, 4 + before.len(), "the GO is left for the TLS layer");
+        }
+    }
+
+    #[test]
+    fn tls_on_still_serves_a_plaintext_client() {
+        let (r, _, _) = run_tls(
+            TlsMode::On,
+            FLAG_C_FIXED_NEWSTYLE,
+            &[
+                option(opt::STRUCTURED_REPLY, &[]),
+                option(opt::GO, &go("", &[])),
+            ],
+        );
+        assert_eq!(
+            r.unwrap(),
+            Outcome::Transmission(Negotiated {
+                structured: true,
+                allocation: false
+            })
+        );
+    }
+
+    #[test]
+    fn tls_required_refuses_every_option_but_starttls_and_abort_before_tls() {
+        let refused = [
+            option(opt::LIST, &[]),
+            option(opt::INFO, &go("", &[])),
+            option(opt::GO, &go("", &[])),
+            option(opt::STRUCTURED_REPLY, &[]),
+            option(opt::LIST_META_CONTEXT, &meta("", &[])),
+            option(999, b"junk"),
+        ];
+        let mut script = refused.to_vec();
+        script.push(option(opt::STARTTLS, &[]));
+        let (r, out, _) = run_tls(TlsMode::Require, FLAG_C_FIXED_NEWSTYLE, &script);
+        assert_eq!(r.unwrap(), Outcome::StartTls { no_zeroes: false });
+        let reps = replies(&out);
+        assert_eq!(reps.len(), refused.len() + 1);
+        for (i, r) in reps[..refused.len()].iter().enumerate() {
+            assert_eq!(r.1, rep::ERR_TLS_REQD, "option {i} answered {r:?}");
+            assert!(String::from_utf8_lossy(&r.2).contains("requires TLS"));
+        }
+        assert_eq!(reps.last().unwrap(), &(opt::STARTTLS, rep::ACK, vec![]));
+        // ABORT is still honoured before TLS.
+        let (r, out, _) = run_tls(
+            TlsMode::Require,
+            FLAG_C_FIXED_NEWSTYLE,
+            &[option(opt::ABORT, &[])],
+        );
+        assert_eq!(r.unwrap(), Outcome::Aborted);
+        assert_eq!(replies(&out), [(opt::ABORT, rep::ACK, vec![])]);
+    }
+
+    #[test]
+    fn export_name_before_tls_closes_a_tls_required_connection() {
+        let (r, out, _) = run_tls(
+            TlsMode::Require,
+            FLAG_C_FIXED_NEWSTYLE,
+            &[option(opt::EXPORT_NAME, b"")],
+        );
+        assert!(matches!(r, Err(HandshakeError::TlsRequired)), "{r:?}");
+        assert_eq!(out.len(), 18, "nothing but the greeting was sent");
+    }
+
+    #[test]
+    fn starttls_with_data_is_invalid_and_haggling_goes_on() {
+        let (r, out, _) = run_tls(
+            TlsMode::On,
+            FLAG_C_FIXED_NEWSTYLE,
+            &[option(opt::STARTTLS, b"x"), option(opt::ABORT, &[])],
+        );
+        assert_eq!(r.unwrap(), Outcome::Aborted);
+        assert_eq!(replies(&out)[0].1, rep::ERR_INVALID);
+    }
+
+    #[test]
+    fn resumed_haggling_sends_no_greeting_forgets_state_and_refuses_a_second_starttls() {
+        // Before TLS the client had structured replies; after it, it asks
+        // only GO: nothing carries over.
+        let (r, out) = run_resumed(
+            true,
+            &[option(opt::STARTTLS, &[]), option(opt::GO, &go("", &[]))],
+        );
+        assert_eq!(
+            r.unwrap(),
+            Outcome::Transmission(Negotiated {
+                structured: false,
+                allocation: false
+            })
+        );
+        let reps = replies_from(&out);
+        assert_eq!(reps[0].0, opt::STARTTLS);
+        assert_eq!(reps[0].1, rep::ERR_INVALID);
+        assert_eq!(reps[1].1, rep::INFO);
+        assert_eq!(reps.last().unwrap().1, rep::ACK);
+        // EXPORT_NAME after TLS honours the no-zeroes flag sent before it.
+        for (no_zeroes, tail) in [(false, 124), (true, 0)] {
+            let (r, out) = run_resumed(no_zeroes, &[option(opt::EXPORT_NAME, b"rebound")]);
+            assert!(matches!(r.unwrap(), Outcome::Transmission(_)));
+            assert_eq!(out.len(), 8 + 2 + tail);
+        }
+    }
+
+    #[test]
+    fn tls_modes_parse_from_their_names_only() {
+        for (name, mode) in TlsMode::NAMES
+            .iter()
+            .zip([TlsMode::Off, TlsMode::On, TlsMode::Require])
+        {
+            assert_eq!(name.parse::<TlsMode>().unwrap(), mode);
+        }
+        let err = "yes".parse::<TlsMode>().unwrap_err();
+        assert!(err.contains("off, on, require"), "{err}");
+    }
+
+    /// An option a client might send: a known code or another, with up
+    /// to 24 bytes of data.
+    fn any_option() -> impl proptest::strategy::Strategy<Value = (u32, Vec<u8>)> {
+        use proptest::prelude::*;
+        let code = prop_oneof![
+            Just(opt::EXPORT_NAME),
+            Just(opt::ABORT),
+            Just(opt::STARTTLS),
+            Just(opt::GO),
+            Just(opt::INFO),
+            Just(opt::LIST),
+            Just(opt::STRUCTURED_REPLY),
+            Just(opt::SET_META_CONTEXT),
+            0u32..64,
+        ];
+        (code, proptest::collection::vec(any::<u8>(), 0..24))
+    }
+
+    /// Whether `reply` may be sent before TLS by a server requiring it:
+    /// TLS required, a STARTTLS with data refused, or (as the last) the
+    /// ACK of a STARTTLS or an ABORT.
+    fn allowed_before_tls(reply: &(u32, u32, Vec<u8>), last: bool) -> bool {
+        let (option, kind) = (reply.0, reply.1);
+        let ends = kind == rep::ACK && (option == opt::STARTTLS || option == opt::ABORT);
+        kind == rep::ERR_TLS_REQD
+            || (option == opt::STARTTLS && kind == rep::ERR_INVALID)
+            || (ends && last)
+    }
+
+    proptest::proptest! {
+        /// Invariants checked, for any options a client sends before TLS
+        /// to a server that requires it: nothing but `NBD_REP_ERR_TLS_REQD`
+        /// is answered until STARTTLS (ABORT aside, which ends it), no
+        /// option reaches transmission, and EXPORT_NAME closes.
+        #[test]
+        fn before_tls_a_tls_required_server_only_says_tls_required(
+            script in proptest::collection::vec(any_option(), 0..12)
+        ) {
+            let options: Vec<Vec<u8>> = script.iter().map(|(o, d)| option(*o, d)).collect();
+            let (r, out, _) = run_tls(TlsMode::Require, FLAG_C_FIXED_NEWSTYLE, &options);
+            let reps = replies(&out);
+            for (i, reply) in reps.iter().enumerate() {
+                let last = i + 1 == reps.len();
+                proptest::prop_assert!(allowed_before_tls(reply, last), "{:?} before TLS", reply);
+            }
+            let first_end = script.iter().position(|(o, d)| {
+                *o == opt::EXPORT_NAME || *o == opt::ABORT || (*o == opt::STARTTLS && d.is_empty())
+            });
+            let ended_right = match first_end.map(|i| script[i].0) {
+                Some(opt::EXPORT_NAME) => matches!(r, Err(HandshakeError::TlsRequired)),
+                Some(opt::ABORT) => matches!(r, Ok(Outcome::Aborted)),
+                Some(_) => matches!(r, Ok(Outcome::StartTls { .. })),
+                // The client ran out of bytes: never transmission.
+                None => matches!(r, Err(HandshakeError::Io(_))),
+            };
+            proptest::prop_assert!(ended_right, "ended with {:?}", r);
+        }
     }
 }

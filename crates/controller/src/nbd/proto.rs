@@ -112,6 +112,8 @@ pub mod rep {
     pub const ERR_POLICY: u32 = (1 << 31) + 2;
     /// Syntactically invalid option.
     pub const ERR_INVALID: u32 = (1 << 31) + 3;
+    /// The server requires TLS (STARTTLS) before this option.
+    pub const ERR_TLS_REQD: u32 = (1 << 31) + 5;
     /// No such export.
     pub const ERR_UNKNOWN: u32 = (1 << 31) + 6;
     /// The server is shutting down.

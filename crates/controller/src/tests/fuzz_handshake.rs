@@ -55,6 +55,7 @@ fn outcome_name(r: &Result<Outcome, HandshakeError>) -> &'static str {
         Ok(Outcome::Transmission(n)) if n.structured => "Transmission(structured)",
         Ok(Outcome::Transmission(_)) => "Transmission",
         Ok(Outcome::Aborted) => "Aborted",
+        Ok(Outcome::StartTls { .. }) => "StartTls",
         Err(HandshakeError::Io(_)) => "Io",
         Err(HandshakeError::BadClientFlags(_)) => "BadClientFlags",
         Err(HandshakeError::BadOptionMagic(_)) => "BadOptionMagic",
@@ -62,6 +63,7 @@ fn outcome_name(r: &Result<Outcome, HandshakeError>) -> &'static str {
         Err(HandshakeError::TooManyOptions) => "TooManyOptions",
         Err(HandshakeError::UnknownExport(_)) => "UnknownExport",
         Err(HandshakeError::Refused(_)) => "Refused",
+        Err(HandshakeError::TlsRequired) => "TlsRequired",
     }
 }
 
