@@ -184,9 +184,10 @@ fn plot_cpu(csv: &Path, png: &Path) -> anyhow::Result<()> {
     let (servers, loads, medians) = cpu_medians(csv)?;
     bar_chart_png(
         png,
-        "server CPU per I/O at fixed offered loads (fio cache-standard, rate_iops; all threads, /proc)",
+        "server CPU per I/O at fixed offered loads",
         &[BarPanel {
-            title: "CPU per I/O (nbdkit-null stores nothing: the floor)".into(),
+            title: "fio cache-standard at rate_iops; all threads, /proc; nbdkit-null: the floor"
+                .into(),
             y_label: "microseconds".into(),
             categories: servers,
             series: loads
