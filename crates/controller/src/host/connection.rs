@@ -512,15 +512,27 @@ struct Deadline<'a> {
 
 impl Deadline<'_> {
     fn left(&self) -> std::io::Result<Duration> {
-        let left = self.until.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "the handshake did not finish in time (handshake_timeout)",
-            ));
-        }
-        Ok(left)
+        time_left(self.until)
     }
+}
+
+/// The time left until the handshake's deadline `until`; past it,
+/// [`handshake_timed_out`].
+pub(super) fn time_left(until: Instant) -> std::io::Result<Duration> {
+    let left = until.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(handshake_timed_out());
+    }
+    Ok(left)
+}
+
+/// The error every step of the negotiation (TLS included) reports once
+/// the handshake's deadline has passed.
+pub(super) fn handshake_timed_out() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "the handshake did not finish in time (handshake_timeout)",
+    )
 }
 
 impl Read for Deadline<'_> {

@@ -157,24 +157,13 @@ impl Socket {
     /// Wait up to `limit` for room in the send buffer: whether there is
     /// (false: the client read nothing for that long).
     pub fn wait_writable(&self, limit: Duration) -> io::Result<bool> {
-        let mut pfd = libc::pollfd {
+        let mut pfd = [libc::pollfd {
             fd: self.as_raw_fd(),
             events: libc::POLLOUT,
             revents: 0,
-        };
-        let ms = libc::c_int::try_from(limit.as_millis()).unwrap_or(libc::c_int::MAX);
-        loop {
-            // SAFETY: poll reads and writes the one pollfd we pass.
-            let rc = unsafe { libc::poll(&raw mut pfd, 1, ms) };
-            if rc >= 0 {
-                // POLLERR/POLLHUP count as writable: the next send reports it.
-                return Ok(rc > 0);
-            }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        }
+        }];
+        // POLLERR/POLLHUP count as writable: the next send reports it.
+        Ok(poll(&mut pfd, Some(limit))? > 0)
     }
 }
 

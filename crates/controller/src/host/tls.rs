@@ -449,23 +449,14 @@ fn wait_for(fd: i32, want: ErrorCode, until: Instant) -> io::Result<()> {
     } else {
         return Err(io::Error::other(format!("unexpected TLS state {want:?}")));
     };
-    let timed_out = || {
-        io::Error::new(
-            io::ErrorKind::TimedOut,
-            "the handshake did not finish in time (handshake_timeout)",
-        )
-    };
-    let left = until.saturating_duration_since(Instant::now());
-    if left.is_zero() {
-        return Err(timed_out());
-    }
+    let left = super::connection::time_left(until)?;
     let mut pfd = [libc::pollfd {
         fd,
         events,
         revents: 0,
     }];
     if socket::poll(&mut pfd, Some(left))? == 0 {
-        return Err(timed_out());
+        return Err(super::connection::handshake_timed_out());
     }
     Ok(())
 }
