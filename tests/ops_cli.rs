@@ -10,21 +10,13 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Server, qemu_io};
+use common::{Server, qemu_io, text};
 
 fn rebound(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_rebound"))
         .args(args)
         .output()
         .unwrap()
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 fn status(server_admin: &Path, json: bool) -> Output {

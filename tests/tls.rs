@@ -15,7 +15,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use common::raw::{IHAVEOPT, Raw};
-use common::{Server, random_bytes, run_ok, tool};
+use common::{Server, random_bytes, run_ok, text, tool};
 use openssl::ssl::{SslConnector, SslMethod, SslStream, SslVerifyMode};
 
 /// NBD_OPT_STARTTLS, NBD_OPT_EXPORT_NAME, NBD_REP_ERR_TLS_REQD.
@@ -202,14 +202,6 @@ fn nbdinfo(uri: &str) -> Output {
         .unwrap()
 }
 
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
 /// qemu-io options for a TLS connection with the credentials object `creds`.
 fn qemu_tls(server: &Server, creds: String) -> Vec<String> {
     vec![
@@ -375,9 +367,10 @@ fn a_client_stalled_inside_the_tls_handshake_is_closed_at_the_handshake_timeout(
         "closed after {waited:?}"
     );
     assert!(
-        server
-            .log()
-            .contains("did not finish its handshake in time"),
+        server.logs_within(
+            "did not finish its handshake in time",
+            std::time::Duration::from_secs(5)
+        ),
         "{}",
         server.log()
     );

@@ -171,6 +171,22 @@ impl Server {
             .to_owned()
     }
 
+    /// Whether the server's stderr shows `needle` within `limit`: its lines
+    /// reach the log file through a reader thread, a moment after the
+    /// server wrote them.
+    pub fn logs_within(&self, needle: &str, limit: Duration) -> bool {
+        let since = Instant::now();
+        loop {
+            if self.log().contains(needle) {
+                return true;
+            }
+            if since.elapsed() > limit {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// The server's stderr so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.stderr_log).unwrap_or_default()
@@ -190,6 +206,15 @@ impl Drop for Server {
 pub fn rung_count(status: &str, rung: &str) -> u64 {
     harness::rung_count(status, rung)
         .unwrap_or_else(|| panic!("no count for rung {rung} in status:\n{status}"))
+}
+
+/// A finished command's stdout then stderr, as text.
+pub fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
 }
 
 /// Run a command; panic with its output unless it succeeds.
