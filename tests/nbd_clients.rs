@@ -5,7 +5,9 @@
 mod common;
 
 use std::process::Command;
+use std::time::{Duration, Instant};
 
+use common::raw::{self, Raw};
 use common::{Server, random_bytes, run_ok, tool};
 
 #[test]
@@ -227,4 +229,51 @@ fn connection_threads_run_their_requests_stages_and_read_back_exactly() {
             "{threads}: {affiliated} affiliated, {host} host tasks"
         );
     }
+}
+
+/// Send FLUSH then READ on one connection while the device's syncs take
+/// `delay`: the cookies in the order their replies came, and how long the
+/// READ's took.
+fn flush_then_read(threads: &str, delay: Duration) -> (Vec<u64>, Duration) {
+    let server = Server::start("32M", &["--connection-threads", threads]);
+    let mut c = Raw::go(&server.addr);
+    c.request(raw::CMD_WRITE, 0, 1, 0, 4096);
+    c.send(&[0x5a; 4096]);
+    assert_eq!(c.simple_reply(0).1, 0, "write");
+    server
+        .admin(&format!(
+            "inject device-latency 0 op=sync duration={}ms",
+            delay.as_millis()
+        ))
+        .unwrap();
+    let sent = Instant::now();
+    c.request(raw::CMD_FLUSH, 0, 2, 0, 0);
+    c.request(raw::CMD_READ, 0, 3, 0, 4096);
+    let mut order = Vec::new();
+    let mut read_took = Duration::ZERO;
+    for _ in 0..2 {
+        // A READ's reply carries its data; the FLUSH's none.
+        let (cookie, error) = c.reply_header();
+        assert_eq!(error, 0, "cookie {cookie}");
+        if cookie == 3 {
+            read_took = sent.elapsed();
+            assert_eq!(c.data(4096), vec![0x5a; 4096]);
+        }
+        order.push(cookie);
+    }
+    (order, read_took)
+}
+
+#[test]
+fn a_request_waiting_for_the_device_does_not_hold_up_its_connections_next_request() {
+    // The thread running the FLUSH lets the read side go when the sync
+    // starts: another thread reads the READ and answers it from the cache.
+    let delay = Duration::from_millis(1500);
+    let (order, read_took) = flush_then_read("4", delay);
+    assert_eq!(order, [3, 2], "the READ's reply came first");
+    assert!(read_took < delay, "READ answered after {read_took:?}");
+    // With one thread per connection nobody else reads: the READ waits.
+    let (order, read_took) = flush_then_read("1", delay);
+    assert_eq!(order, [2, 3]);
+    assert!(read_took >= delay, "READ answered after {read_took:?}");
 }

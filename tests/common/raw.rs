@@ -117,6 +117,20 @@ impl Raw {
         self.send(&b);
     }
 
+    /// Read a simple reply's header: (cookie, error). A successful READ's
+    /// data follows ([`Raw::data`]).
+    pub fn reply_header(&mut self) -> (u64, u32) {
+        let (cookie, error, _) = self.simple_reply(0);
+        (cookie, error)
+    }
+
+    /// The next `len` bytes (a READ's data after its reply header).
+    pub fn data(&mut self, len: usize) -> Vec<u8> {
+        let mut data = vec![0u8; len];
+        self.s.read_exact(&mut data).expect("read data");
+        data
+    }
+
     /// Read a simple reply: (cookie, error); `data_len` bytes follow a
     /// successful read.
     pub fn simple_reply(&mut self, data_len: usize) -> (u64, u32, Vec<u8>) {

@@ -26,7 +26,8 @@
 //!                        |
 //!           store/   (NVS, cache directory, recovery-box journal)
 //!                        |
-//!   leaves: limits, units, files, recovery (the log), timer, metrics, faults, nbd/
+//!   leaves: limits, units, files, recovery (the log), timer, metrics, faults, nbd/,
+//!           blocking
 //! ```
 //!
 //! | module | concept |
@@ -47,6 +48,7 @@
 //! | [`units`] | the one size and duration grammar |
 //! | [`limits`] | every bound |
 //! | [`timer`] | the controller's timer thread |
+//! | [`blocking`] | "this thread is about to block": a connection's reading thread lets the read side go only then |
 //! | `fuzzing` | (feature `fuzzing`, and the tests) the fuzz targets' entry points and property checkers |
 //!
 //! The invariant: a write acknowledged to a client is in the NVS (or on the
@@ -56,6 +58,7 @@
 #![deny(unsafe_code)]
 
 pub mod backend;
+pub mod blocking;
 pub mod config;
 pub mod control;
 pub mod controller;

@@ -21,7 +21,8 @@ const LAYERS: &[Layer] = &[
         name: "leaves",
         rank: 0,
         modules: &[
-            "limits", "units", "files", "sockfile", "recovery", "timer", "metrics", "faults", "nbd",
+            "limits", "units", "files", "sockfile", "recovery", "timer", "blocking", "metrics",
+            "faults", "nbd",
         ],
     },
     Layer {

@@ -110,12 +110,47 @@ impl FileDevice {
     }
 }
 
+impl FileDevice {
+    /// Read all of `buf` from the page cache without waiting for the
+    /// device (`preadv2` with `RWF_NOWAIT`). `false` when any of it is not
+    /// cached, or the kernel or filesystem cannot say: `buf` then holds
+    /// nothing useful and the caller reads it the ordinary way.
+    fn read_cached(&self, buf: &mut [u8], offset: u64) -> bool {
+        let iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        // SAFETY: `iov` describes `buf`, valid for writes of its whole
+        // length and borrowed mutably for the duration of the call; the
+        // descriptor is kept open by `self.file`; the kernel writes at most
+        // `iov_len` bytes and reads nothing else of ours.
+        let n = unsafe {
+            libc::preadv2(
+                self.file.as_raw_fd(),
+                &iov,
+                1,
+                offset as libc::off_t,
+                libc::RWF_NOWAIT,
+            )
+        };
+        usize::try_from(n).is_ok_and(|n| n == buf.len())
+    }
+}
+
 impl Device for FileDevice {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.check(offset, buf.len())?;
         if !self.direct {
+            // A connection's reading thread first tries the page cache
+            // alone, and lets its read side go only if the device must be
+            // read (see `crate::blocking`).
+            if crate::blocking::leading() && self.read_cached(buf, offset) {
+                return Ok(());
+            }
+            crate::blocking::about_to_block();
             return self.file.read_exact_at(buf, offset);
         }
+        crate::blocking::about_to_block();
         let mut block = Box::new(AlignedBlock([0; TRACK_BYTES]));
         for (i, chunk) in buf.chunks_mut(TRACK_BYTES).enumerate() {
             self.file
@@ -130,6 +165,7 @@ impl Device for FileDevice {
         if !self.direct {
             return self.file.write_all_at(buf, offset);
         }
+        crate::blocking::about_to_block();
         let mut block = Box::new(AlignedBlock([0; TRACK_BYTES]));
         for (i, chunk) in buf.chunks(TRACK_BYTES).enumerate() {
             block.0.copy_from_slice(chunk);
@@ -150,6 +186,7 @@ impl Device for FileDevice {
                 "zero range past the end of the device",
             ));
         }
+        crate::blocking::about_to_block();
         let mode = if keep_allocated {
             libc::FALLOC_FL_ZERO_RANGE
         } else {
@@ -168,6 +205,7 @@ impl Device for FileDevice {
     }
 
     fn sync(&self) -> io::Result<()> {
+        crate::blocking::about_to_block();
         self.file.sync_data()
     }
 
@@ -203,6 +241,32 @@ mod tests {
                 "zeroing stayed in range"
             );
         }
+    }
+
+    #[test]
+    fn a_leading_thread_reads_the_page_cache_without_letting_go_and_lets_go_for_a_sync() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicU32, Ordering};
+        let dir = tempfile::tempdir().unwrap();
+        let dev = FileDevice::open_or_create(&dir.path().join("d"), 64 * 4096, false).unwrap();
+        let data: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
+        dev.write_at(&data, 8 * 4096).unwrap();
+        let let_go = Arc::new(AtomicU32::new(0));
+        let counted = Arc::clone(&let_go);
+        crate::blocking::lead(Arc::new(move || {
+            counted.fetch_add(1, Ordering::SeqCst);
+        }));
+        // Just written: in the page cache.
+        let mut back = vec![0u8; 4096];
+        dev.read_at(&mut back, 8 * 4096).unwrap();
+        assert_eq!(back, data);
+        assert_eq!(let_go.load(Ordering::SeqCst), 0, "a cached read let go");
+        assert!(crate::blocking::leading());
+        // A sync waits for the device: it lets go, once.
+        dev.sync().unwrap();
+        dev.sync().unwrap();
+        assert_eq!(let_go.load(Ordering::SeqCst), 1);
+        assert!(!crate::blocking::leading());
     }
 
     #[test]

@@ -225,6 +225,7 @@ impl FaultyDevice {
         match self.plan.check(self.device, op) {
             None => Ok(false),
             Some(Verdict::Delay(d)) => {
+                crate::blocking::about_to_block();
                 std::thread::sleep(d);
                 Ok(false)
             }

@@ -58,6 +58,7 @@ impl SyncGate {
     /// before the write it must cover), failed: such a sync may have
     /// consumed the write's error.
     pub fn sync(&self, ticket: u64, sync: impl FnOnce() -> io::Result<()>) -> io::Result<()> {
+        crate::blocking::about_to_block();
         let mut sync = Some(sync);
         let mut st = self.state.lock();
         let mine = st.next;

@@ -112,6 +112,7 @@ fn take_block(engine: &Arc<Engine>, req: &mut Request) {
                     req.early_error = Some((NbdError::Shutdown, "the server is shutting down"));
                     return;
                 }
+                crate::blocking::about_to_block();
                 std::thread::sleep(crate::backend::devqueue::backoff(waits));
                 waits += 1;
             }

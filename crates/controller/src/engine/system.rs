@@ -188,6 +188,10 @@ impl SystemRecovery {
     /// Held (shared) by a connection reader from reserving NVS slots for a
     /// request to submitting it; a system recovery holds it exclusively.
     pub(crate) fn admission(&self) -> RwLockReadGuard<'_, ()> {
+        if let Some(open) = self.gate.try_read() {
+            return open;
+        }
+        crate::blocking::about_to_block();
         self.gate.read()
     }
 

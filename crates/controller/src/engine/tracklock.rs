@@ -154,6 +154,7 @@ fn pause(tries: &mut u32) {
     if *tries < 64 {
         std::hint::spin_loop();
     } else {
+        crate::blocking::about_to_block();
         std::thread::sleep(Duration::from_micros(u64::from((*tries - 63).min(100))));
     }
 }

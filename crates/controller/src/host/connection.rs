@@ -2,12 +2,18 @@
 //!
 //! A connection has a few threads (`connection_threads`; the host
 //! adapter's hardware, in the papers' controller) that take the socket's
-//! read side in turns. The thread holding it frames one request: a header
-//! and, for a WRITE, its payload; it lets the read side go, then, inside the
-//! admission gate of rung 4 ([`crate::engine::system`]), reserves the WRITE's NVS
-//! slots and enters the request in the pipeline; outside the gate it runs
-//! the request as an affiliate of the task runtime (`rcs::affiliate`):
-//! each stage runs on this thread when its group admits it there, as it
+//! read side in turns. The thread holding it (the leader) frames one
+//! request: a header and, for a WRITE, its payload; then, inside the
+//! admission gate of rung 4 ([`crate::engine::system`]), reserves the
+//! WRITE's NVS slots and enters the request in the pipeline; outside the
+//! gate it runs the request as an affiliate of the task runtime
+//! (`rcs::affiliate`), and reads the next one. It keeps the read side
+//! while it runs the request and lets it go to a waiting thread only when
+//! the request is about to wait for something slow
+//! ([`crate::blocking::about_to_block`]: a device read that misses the page
+//! cache, a sync, NVS space, a track lock): so on the good path one thread
+//! receives, runs and answers, with no hand-off between threads. Of the
+//! request's stages, each runs on this thread when its group admits it there, as it
 //! would on a worker, and is queued for the workers otherwise (a group
 //! recovering or with faults armed, sigma reached under the static
 //! policies, a redrive, a modelled device delay). A thread waits for NVS
@@ -15,7 +21,8 @@
 //! thread ends up waiting) and no worker ever waits for NVS space; it waits
 //! outside the gate, so a system recovery never waits behind a full NVS.
 //! While one thread waits (a device read, a flush), the others keep
-//! reading.
+//! reading: the thread that lets the read side go wakes one waiting
+//! thread, and takes its turn again after its request.
 //!
 //! Replies never block the thread that finishes a request (a connection
 //! thread, an rcs worker, the epoch thread releasing a commit): replies
@@ -124,6 +131,10 @@ pub struct Connection {
     room: Condvar,
     /// A reading thread waits on `room`.
     reader_waiting: AtomicBool,
+    /// The leading reader holds the sender's role ([`ReplySink::cork`])
+    /// while it runs requests that had already arrived together: their
+    /// replies leave in one `sendmsg` when it has none left to run.
+    reader_corked: AtomicBool,
     /// Requests admitted and not finished.
     inflight: AtomicU32,
     /// Bytes charged by admitted requests whose replies have not left.
@@ -145,6 +156,7 @@ impl Connection {
             drain: Condvar::new(),
             room: Condvar::new(),
             reader_waiting: AtomicBool::new(false),
+            reader_corked: AtomicBool::new(false),
             inflight: AtomicU32::new(0),
             charged: AtomicU64::new(0),
             last_read_ms: AtomicU64::new(0),
@@ -273,6 +285,20 @@ enum Sent {
 }
 
 impl Connection {
+    /// The leading reader: hold replies back (see `reader_corked`).
+    fn reader_cork(&self) {
+        if !self.reader_corked.load(Ordering::Relaxed) && self.cork() {
+            self.reader_corked.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// The leading reader: send the replies it held back.
+    fn reader_uncork(&self) {
+        if self.reader_corked.swap(false, Ordering::Relaxed) {
+            self.uncork();
+        }
+    }
+
     fn push(&self, frame: Frame) {
         let mut outbox = self.outbox.lock();
         if outbox.broken {
@@ -456,6 +482,9 @@ impl Connection {
                 && (charged == 0 || charged + charge <= budget)
         };
         if !fits() {
+            // Replies held back must leave for room to come; another
+            // thread may read meanwhile (it waits here too).
+            crate::blocking::about_to_block();
             let mut outbox = self.outbox.lock();
             self.reader_waiting.store(true, Ordering::SeqCst);
             while !outbox.broken && !fits() {
@@ -716,6 +745,7 @@ pub fn serve(ctl: Arc<Controller>, socket: Socket, negotiated: Negotiated, id: u
         done: false,
     });
     let threads = conn.ctl.config.connection_threads.max(1);
+    let lead = Arc::new(Lead::default());
     let reason = std::thread::scope(|scope| {
         let drainer = std::thread::Builder::new()
             .name(format!("nbd-send-{id}"))
@@ -728,14 +758,14 @@ pub fn serve(ctl: Arc<Controller>, socket: Socket, negotiated: Negotiated, id: u
             .filter_map(|k| {
                 let spawned = std::thread::Builder::new()
                     .name(format!("nbd-conn-{id}.{k}"))
-                    .spawn_scoped(scope, || read_loop(&conn, &input));
+                    .spawn_scoped(scope, || read_loop(&conn, &input, &lead));
                 // Without the thread the connection is served by fewer.
                 spawned
                     .inspect_err(|e| tracing::warn!(conn = id, error = %e, "could not start a connection thread"))
                     .ok()
             })
             .collect();
-        let mut reason = read_loop(&conn, &input);
+        let mut reason = read_loop(&conn, &input, &lead);
         for h in helpers {
             let theirs = h.join().unwrap_or(Ok(()));
             if reason.is_ok() {
@@ -816,44 +846,131 @@ struct Input<'a> {
     done: bool,
 }
 
+/// Which of a connection's threads holds the read side.
+#[derive(Default)]
+struct Lead {
+    state: Mutex<LeadState>,
+    turn: Condvar,
+}
+
+#[derive(Default)]
+struct LeadState {
+    /// A thread holds the read side.
+    held: bool,
+    /// The connection stopped reading (disconnect or violation).
+    closed: bool,
+}
+
+impl Lead {
+    /// Wait for the read side; `false` once the connection stopped reading.
+    fn take(&self) -> bool {
+        let mut s = self.state.lock();
+        while s.held && !s.closed {
+            self.turn.wait(&mut s);
+        }
+        if s.closed {
+            return false;
+        }
+        s.held = true;
+        true
+    }
+
+    /// Give the read side to a waiting thread (if any waits; else to the
+    /// next that asks).
+    fn let_go(&self) {
+        self.state.lock().held = false;
+        self.turn.notify_one();
+    }
+
+    /// Stop reading: every thread leaves after its current request.
+    fn close(&self) {
+        self.state.lock().closed = true;
+        self.turn.notify_all();
+    }
+}
+
 /// Read requests until the client disconnects (Ok) or violates the
 /// protocol (Err), and run them. I/O errors are a disconnect.
 ///
-/// Each of the connection's threads runs this loop: it takes the read side,
-/// frames one request (its payload too), lets the read side go to the next
-/// thread and runs the request itself as an affiliate of the runtime: every
-/// stage whose group admits it runs on this thread (no hand-off to a worker
-/// on the good path; see `rcs::affiliate`), the rest are queued for the
-/// workers. While one thread waits (a device read, an fsync, NVS space),
-/// the others keep reading.
-fn read_loop(conn: &Arc<Connection>, input: &Mutex<Input<'_>>) -> Result<(), Violation> {
+/// Each of the connection's threads runs this loop: it waits for the read
+/// side, then frames a request (its payload too) and runs it itself as an
+/// affiliate of the runtime: every stage whose group admits it runs on
+/// this thread (no hand-off to a worker on the good path; see
+/// `rcs::affiliate`), the rest are queued for the workers. It reads the
+/// next request as long as it holds the read side, which it lets go when a
+/// request is about to wait ([`crate::blocking`]): while one thread waits
+/// (a device read, an fsync, NVS space), another reads on.
+fn read_loop(
+    conn: &Arc<Connection>,
+    input: &Mutex<Input<'_>>,
+    lead: &Arc<Lead>,
+) -> Result<(), Violation> {
     let ctl = &conn.ctl;
     let g = ctl.groups;
     let mut affiliate = ctl.rt.affiliate(&[g.host, g.cache, g.nvs, g.device]);
     let mut raw = [0u8; REQUEST_BYTES];
-    loop {
-        let (req, slots) = {
-            let mut input = input.lock();
-            if input.done {
-                return Ok(());
-            }
-            let read = next_request(conn, &mut input.r, &mut raw);
-            if !matches!(read, Ok(Some(_))) {
-                input.done = true;
-            }
-            match read {
-                Ok(Some(framed)) => framed,
-                Ok(None) => return Ok(()),
-                Err(v) => return Err(v),
-            }
-        };
-        crate::host::partial::admit(
-            ctl.engine(),
-            conn.structured,
-            req,
-            slots,
-            affiliate.as_mut(),
-        );
+    let let_go: crate::blocking::LetGo = {
+        let (lead, conn) = (Arc::clone(lead), Arc::clone(conn));
+        Arc::new(move || {
+            conn.reader_uncork();
+            lead.let_go();
+        })
+    };
+    let reason = 'reading: loop {
+        if !lead.take() {
+            break Ok(());
+        }
+        crate::blocking::lead(Arc::clone(&let_go));
+        while crate::blocking::leading() {
+            let (req, slots) = {
+                let mut input = input.lock();
+                if input.done {
+                    break 'reading Ok(());
+                }
+                // Requests that arrived together are answered together:
+                // hold replies back while the next request is already here
+                // whole, send them before waiting for the socket.
+                if whole_request_buffered(input.r.buffer()) {
+                    conn.reader_cork();
+                } else {
+                    conn.reader_uncork();
+                }
+                let read = next_request(conn, &mut input.r, &mut raw);
+                if !matches!(read, Ok(Some(_))) {
+                    input.done = true;
+                }
+                match read {
+                    Ok(Some(framed)) => framed,
+                    Ok(None) => break 'reading Ok(()),
+                    Err(v) => break 'reading Err(v),
+                }
+            };
+            crate::host::partial::admit(
+                ctl.engine(),
+                conn.structured,
+                req,
+                slots,
+                affiliate.as_mut(),
+            );
+        }
+    };
+    // Whoever stops reading stops the others (each after its request).
+    if crate::blocking::resign().is_some() {
+        conn.reader_uncork();
+    }
+    lead.close();
+    reason
+}
+
+/// Whether `buffered` (the start of the unread stream) holds a whole
+/// request: its header and, for a WRITE, its payload.
+fn whole_request_buffered(buffered: &[u8]) -> bool {
+    let Some(raw) = buffered.first_chunk::<REQUEST_BYTES>() else {
+        return false;
+    };
+    match RequestHeader::parse(raw) {
+        Some(h) if h.kind == cmd::WRITE => buffered.len() - REQUEST_BYTES >= h.length as usize,
+        _ => true,
     }
 }
 

@@ -348,6 +348,11 @@ impl Collect {
     /// Wait for the request to finish; no reply at all is an I/O error.
     fn wait(&self) -> Answer {
         let mut s = self.state.lock();
+        if !s.0 {
+            drop(s);
+            crate::blocking::about_to_block();
+            s = self.state.lock();
+        }
         while !s.0 {
             self.done.wait(&mut s);
         }

@@ -633,6 +633,7 @@ impl Nvs {
                 }
                 return Ok(free.slots.split_off(at));
             }
+            crate::blocking::about_to_block();
             if self.space.wait_until(&mut free, deadline).timed_out() {
                 return Err(NvsError::Timeout(timeout));
             }
