@@ -96,13 +96,17 @@ impl Entry {
     }
 }
 
+/// A frame's control block; its bytes are its slice of the shard's slab.
 struct Frame {
     track: u64,
     referenced: bool,
     lrc: u32,
-    /// The track's bytes; empty until the frame is first used, so a large
-    /// cache costs nothing at start-up (a restart is on the recovery path).
-    data: Box<[u8]>,
+}
+
+/// Frame `f`'s bytes in a shard's slab.
+fn frame_bytes(slab: &[u8], f: u32) -> &[u8] {
+    let at = f as usize * TRACK_BYTES;
+    &slab[at..at + TRACK_BYTES]
 }
 
 fn lrc(track: u64, frame: u32) -> u32 {
@@ -115,6 +119,12 @@ fn lrc(track: u64, frame: u32) -> u32 {
 struct Shard {
     map: FxHashMap<u64, Entry>,
     frames: Vec<Frame>,
+    /// Every frame's bytes, one allocation per shard. Zeroed by the
+    /// allocator (`calloc`): a large slab is mapped memory the kernel
+    /// gives as it is first touched, so a large cache costs nothing at
+    /// start-up (a restart is on the recovery path) and memory only as it
+    /// fills, with no allocation per frame on the I/O path.
+    slab: Box<[u8]>,
     free: Vec<u32>,
     hand: usize,
     epoch: u64,
@@ -178,10 +188,8 @@ impl Shard {
         frame.track = track;
         frame.referenced = true;
         frame.lrc = lrc(track, f);
-        if frame.data.is_empty() {
-            frame.data = vec![0u8; TRACK_BYTES].into_boxed_slice();
-        }
-        frame.data.copy_from_slice(data);
+        let at = f as usize * TRACK_BYTES;
+        self.slab[at..at + TRACK_BYTES].copy_from_slice(data);
         self.map.entry(track).or_insert_with(Entry::new).frame = f;
         f
     }
@@ -364,9 +372,9 @@ impl Cache {
                                 track: EMPTY_TRACK,
                                 referenced: false,
                                 lrc: 0,
-                                data: Box::default(),
                             })
                             .collect(),
+                        slab: vec![0u8; per_shard * TRACK_BYTES].into_boxed_slice(),
                         free: (0..per_shard as u32).rev().collect(),
                         hand: 0,
                         epoch: 0,
@@ -433,7 +441,7 @@ impl Cache {
             let frame = &mut shard.frames[e.frame as usize];
             if frame.track == track && frame.lrc == lrc(track, e.frame) {
                 frame.referenced = true;
-                out.copy_from_slice(&frame.data);
+                out.copy_from_slice(frame_bytes(&shard.slab, e.frame));
                 self.stats.hits.fetch_add(1, Ordering::Relaxed);
                 return Ok(ReadOutcome::Hit);
             }
@@ -719,7 +727,7 @@ impl Cache {
         if frame.track != track || frame.lrc != lrc(track, e.frame) {
             return false;
         }
-        out.copy_from_slice(&frame.data);
+        out.copy_from_slice(frame_bytes(&shard.slab, e.frame));
         true
     }
 
