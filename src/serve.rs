@@ -65,7 +65,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "POLICY")]
     policy: Option<String>,
     /// Scheduling rounds an idle worker spins before parking (more: lower
-    /// latency, more CPU) [default: 1024].
+    /// latency, more CPU) [default: 16].
     #[arg(long, value_name = "N")]
     idle_spins: Option<u32>,
     /// Serve Prometheus metrics at http://ADDR/metrics.
