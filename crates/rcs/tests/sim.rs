@@ -96,7 +96,10 @@ proptest! {
         let total: f64 = cfg.workload.groups.iter().map(|g| g.weight).sum();
         let w = cfg.workload.groups[cfg.workload.faulty].weight;
         let sigma = ((cpus as f64 * w / total).round() as u32).max(1);
-        prop_assert!(r.recoveries > 0 || r.dispatches_per_group[cfg.workload.faulty] < 2000);
+        // The fault model fired: at 2e-3 per dispatch, 10,000 dispatches
+        // of the faulty group pass without a fault with probability e^-20
+        // (2,000 did with e^-4, which failed a run).
+        prop_assert!(r.recoveries > 0 || r.dispatches_per_group[cfg.workload.faulty] < 10_000);
         prop_assert!(
             r.max_held_in_recovery <= sigma,
             "held {} processors, sigma {}", r.max_held_in_recovery, sigma
