@@ -52,7 +52,7 @@ fi
 [ -x "$rebound" ] || { echo "controller.sh: no rebound binary at $rebound (cargo build --release)" >&2; exit 2; }
 
 need=()
-for t in fio:fio nbdkit:nbdkit qemu-nbd:qemu-utils jq:jq openssl:openssl; do
+for t in fio:fio nbdkit:nbdkit qemu-nbd:qemu-utils jq:jq openssl:openssl curl:curl; do
   command -v "${t%%:*}" >/dev/null 2>&1 || need+=("${t#*:}")
 done
 if ((${#need[@]})); then
@@ -63,6 +63,9 @@ mkdir -p "$out"
 work="$(mktemp -d)"
 trap 'jobs -p | xargs -r kill 2>/dev/null || true; rm -rf "$work" /dev/shm/rebound-bench-$$.nvs /dev/shm/rebound-bench-$$.box' EXIT
 port=$((20000 + $$ % 20000))
+mport=$((port + 1))  # rebound's metrics endpoint (read hit ratio)
+hits="$out/controller-hits.csv"
+echo "server,round,reads,hit_ratio" > "$hits"
 csv="$out/controller.csv"
 echo "server,round,iops,read_p99_us,write_p99_us,read_mean_us,write_mean_us,cpu_us_per_io" > "$csv"
 ticks=$(getconf CLK_TCK)
@@ -122,7 +125,7 @@ start() {
       rm -rf "$work/rebound" /dev/shm/rebound-bench-$$.nvs /dev/shm/rebound-bench-$$.box
       "$rebound" serve "${listen[@]}" --data-dir "$work/rebound" \
         --nvs /dev/shm/rebound-bench-$$.nvs --box /dev/shm/rebound-bench-$$.box \
-        ${REBOUND_FLAGS:-} 2>"$work/rebound.log" & ;;
+        --metrics "127.0.0.1:$mport" ${REBOUND_FLAGS:-} 2>"$work/rebound.log" & ;;
     nbdkit-file)
       rm -f "$work/file.img"; fallocate -l 1G "$work/file.img"
       nbdkit -f -p "$port" file "$work/file.img" & ;;
@@ -163,6 +166,14 @@ for round in $(seq 1 "$rounds"); do
     fio "$work/job.fio" --output-format=json 2>"$work/fio.err" | sed -n '/^{/,$p' > "$work/out.json" \
       || { echo "controller.sh: fio failed against $s:" >&2; tail -5 "$work/fio.err" >&2; exit 1; }
     cpu1=$(cpu_ticks "$pid")
+    if [[ "$s" == rebound* ]]; then
+      # Reads served by the cache (frames) or the NVS, of all reads.
+      curl -sf "http://127.0.0.1:$mport/metrics" | awk -v s="$s" -v r="$round" '
+        /^rebound_cache_hits_total /     { h += $2 }
+        /^rebound_cache_nvs_hits_total / { h += $2 }
+        /^rebound_cache_misses_total /   { m += $2 }
+        END { if (h + m > 0) printf "%s,%s,%d,%.4f\n", s, r, h + m, h / (h + m) }' >> "$hits" || true
+    fi
     stop
     jq -r --arg s "$s" --arg r "$round" --arg cpu "$(( cpu1 - cpu0 ))" --arg hz "$ticks" '.jobs[0] as $j | [$s, $r,
         ($j.read.iops + $j.write.iops),
@@ -193,11 +204,14 @@ END {
     printf "%-14s %10.0f %9.3f %14.0f %15.0f %13.1f %14.1f %12.1f\n", s, med[s], med[s] / med["nbdkit-file"], p99r[s], p99w[s], mr[s], mw[s], cpu[s] }
   ratio = med["rebound"] / med["nbdkit-file"]
   p99 = (p99r["rebound"] <= p99r["nbdkit-file"] && p99w["rebound"] <= p99w["nbdkit-file"])
-  printf "target: rebound >= 1.0x nbdkit-file IOPS: %.3fx (%s); p99 no worse (read %.0f vs %.0f, write %.0f vs %.0f µs): %s\n",
-    ratio, (ratio >= 1.0 ? "met" : "MISSED"), p99r["rebound"], p99r["nbdkit-file"], p99w["rebound"], p99w["nbdkit-file"], (p99 ? "met" : "MISSED")
+  printf "target: rebound >= 1.1x nbdkit-file IOPS: %.3fx (%s); p99 no worse (read %.0f vs %.0f, write %.0f vs %.0f µs): %s\n",
+    ratio, (ratio >= 1.1 ? "met" : "MISSED"), p99r["rebound"], p99r["nbdkit-file"], p99w["rebound"], p99w["nbdkit-file"], (p99 ? "met" : "MISSED")
   if ("rebound-unix" in n) printf "rebound over a Unix socket: %.3fx its TCP IOPS, %.1f vs %.1f CPU µs/IO\n", med["rebound-unix"] / med["rebound"], cpu["rebound-unix"], cpu["rebound"]
   if ("rebound-tls" in n && "nbdkit-tls" in n) printf "TLS: rebound %.3fx its plaintext IOPS, nbdkit-file %.3fx its plaintext IOPS; rebound-tls %.3fx nbdkit-tls\n", med["rebound-tls"] / med["rebound"], med["nbdkit-tls"] / med["nbdkit-file"], med["rebound-tls"] / med["nbdkit-tls"]
 }' "$csv"
+awk -F, 'NR > 1 && $1 == "rebound" { n++; v[n] = $4 }
+END { if (n) { for (a = 1; a <= n; a++) for (b = a + 1; b <= n; b++) if (v[b] < v[a]) { t = v[a]; v[a] = v[b]; v[b] = t }
+  printf "rebound read hit ratio (cache frames and NVS records, of all reads): %.3f, median of %d (the paper'"'"'s cache-standard: 0.735)\n", v[int((n + 1) / 2)], n } }' "$hits"
 echo "raw results: $csv"
 
 # The partial-track path: random writes of 512 bytes (the Linux kernel
@@ -282,5 +296,9 @@ END {
   for (a = 1; a <= q; a++) { k = order[a]; split(k, w, " ")
     floor = med["nbdkit-null " w[2]]
     printf "%-14s %10d %10.0f %12.1f %13s %12.0f %12.0f\n", w[1], w[2], io[k], med[k], (floor > 0 ? sprintf("%.2fx", med[k] / floor) : "-"), r9[k], w9[k] }
+  for (a = 1; a <= q; a++) { k = order[a]; split(k, w, " ")
+    floor = med["nbdkit-null " w[2]]
+    if (w[1] == "rebound" && floor > 0)
+      printf "target: rebound CPU per I/O at most nbdkit-null'"'"'s at %d offered: %.1f vs %.1f µs (%s)\n", w[2], med[k], floor, (med[k] <= floor ? "met" : "MISSED") }
 }' "$ccsv"
 echo "raw results: $ccsv"
