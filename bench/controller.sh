@@ -24,6 +24,8 @@
 # saturation (fio's rate_iops, 75% reads: LOADS, default "20000 60000"
 # IOPS), next to nbdkit's null plugin (stores nothing: the floor of the
 # protocol and loopback TCP alone): DIR/controller-cpu.csv and a third table.
+# Taken in steady state: after RAMP seconds of the same load (default half
+# the runtime), over the runtime.
 #
 # Environment: REBOUND_FLAGS adds flags to `rebound serve` (experiments);
 # SERVERS limits the servers measured (default: all); WRITE_SERVERS
@@ -38,7 +40,7 @@ while (($#)); do
     --rebound) rebound="$2"; shift ;;
     --rounds) rounds="$2"; shift ;;
     --runtime) runtime="$2"; shift ;;
-    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
     *) echo "controller.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -52,7 +54,7 @@ fi
 [ -x "$rebound" ] || { echo "controller.sh: no rebound binary at $rebound (cargo build --release)" >&2; exit 2; }
 
 need=()
-for t in fio:fio nbdkit:nbdkit qemu-nbd:qemu-utils jq:jq openssl:openssl curl:curl; do
+for t in fio:fio nbdkit:nbdkit qemu-nbd:qemu-utils jq:jq openssl:openssl curl:curl bc:bc; do
   command -v "${t%%:*}" >/dev/null 2>&1 || need+=("${t#*:}")
 done
 if ((${#need[@]})); then
@@ -256,6 +258,11 @@ echo "raw results: $wcsv"
 # Server CPU per I/O at fixed offered loads (issue: per-I/O cost below a
 # server that stores nothing). At saturation every server takes about one
 # core and CPU per I/O only mirrors IOPS; below it, it shows the server.
+# Steady state: fio runs RAMP seconds first (default half the runtime;
+# rebound's cache and the page cache fill, a server that has run for a
+# while is the one users have), and the CPU time is taken over the
+# measured runtime only, divided by the I/Os fio counted in it.
+ramp=${RAMP:-$((runtime / 2))}
 ccsv="$out/controller-cpu.csv"
 echo "server,load,round,iops,cpu_us_per_io,read_p99_us,write_p99_us" > "$ccsv"
 read -r -a loads <<< "${LOADS:-20000 60000}"
@@ -269,15 +276,22 @@ for round in $(seq 1 "$rounds"); do
       start "$s"
       job_for "$s" "$job" "$work/rate.fio"
       # 75% reads: split the offered load between the directions.
-      printf 'rate_iops=%d,%d\n' $((load * 3 / 4)) $((load / 4)) >> "$work/rate.fio"
-      cpu0=$(cpu_ticks "$pid")
+      printf 'rate_iops=%d,%d\nramp_time=%d\n' $((load * 3 / 4)) $((load / 4)) "$ramp" >> "$work/rate.fio"
+      rm -f "$work/cpu0"
+      (sleep "$ramp"; echo "$(cpu_ticks "$pid") $(date +%s.%N)" > "$work/cpu0") &
+      sampler=$!
       fio "$work/rate.fio" --output-format=json 2>"$work/fio.err" | sed -n '/^{/,$p' > "$work/out.json" \
         || { echo "controller.sh: fio failed against $s:" >&2; tail -5 "$work/fio.err" >&2; exit 1; }
-      cpu1=$(cpu_ticks "$pid")
+      cpu1=$(cpu_ticks "$pid"); t1=$(date +%s.%N)
+      wait "$sampler"
+      read -r cpu0 t0 < "$work/cpu0"
       stop
-      jq -r --arg s "$s" --arg l "$load" --arg r "$round" --arg cpu "$(( cpu1 - cpu0 ))" --arg hz "$ticks" '.jobs[0] as $j | [$s, $l, $r,
+      # I/Os in the window: fio's rate over its measured runtime, times the
+      # window the CPU time was taken over.
+      jq -r --arg s "$s" --arg l "$load" --arg r "$round" --arg cpu "$(( cpu1 - cpu0 ))" --arg hz "$ticks" \
+          --arg secs "$(echo "$t1 - $t0" | bc -l)" '.jobs[0] as $j | [$s, $l, $r,
           ($j.read.iops + $j.write.iops),
-          (($cpu | tonumber) / ($hz | tonumber) * 1e6 / ($j.read.total_ios + $j.write.total_ios)),
+          (($cpu | tonumber) / ($hz | tonumber) * 1e6 / (($j.read.iops + $j.write.iops) * ($secs | tonumber))),
           ($j.read.clat_ns.percentile["99.000000"] / 1000), ($j.write.clat_ns.percentile["99.000000"] / 1000)] | @csv' \
         "$work/out.json" | tr -d '"' >> "$ccsv"
     done
@@ -285,7 +299,7 @@ for round in $(seq 1 "$rounds"); do
 done
 printf '\r%75s\r' '' >&2
 echo
-echo "server CPU per I/O at fixed offered loads (cache-standard, rate_iops 75/25): $rounds round(s) of ${runtime}s, median per server and load"
+echo "server CPU per I/O at fixed offered loads (cache-standard, rate_iops 75/25): $rounds round(s) of ${runtime}s after ${ramp}s of ramp, median per server and load"
 awk -F, 'NR > 1 { k = $1 " " $2; n[k]++; c[k, n[k]] = $5; i[k, n[k]] = $4; rp[k, n[k]] = $6; wp[k, n[k]] = $7; if (!(k in seen)) { seen[k] = 1; order[++q] = k } }
 END {
   printf "%-14s %10s %10s %12s %13s %12s %12s\n", "server", "offered", "IOPS", "CPU µs/IO", "vs null", "read p99 µs", "write p99 µs"
