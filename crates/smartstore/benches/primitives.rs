@@ -17,6 +17,7 @@ use std::path::Path;
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use smartstore::codec::Codec;
 use smartstore::{columnar, ops, tpch};
 
 /// Scale factor of the generated partition (one node's share at SF 1).
@@ -62,9 +63,23 @@ fn primitives(c: &mut Criterion) {
     g.bench_function("agg-grp-sort (unsorted: hash path)", |b| {
         b.iter(|| run(&rt, &bundle, &scanned))
     });
-    g.bench_function("encode the Sort's output (materialise, checkpoint)", |b| {
-        b.iter(|| columnar::table_file(&sorted.0, &sorted.1).expect("encoded"))
-    });
+    for codec in Codec::ALL {
+        let name = format!(
+            "encode the Sort's output as a checkpoint ({})",
+            codec.name()
+        );
+        g.bench_function(name, |b| {
+            b.iter(|| columnar::table_file_with(&sorted.0, &sorted.1, codec).expect("encoded"))
+        });
+    }
+    for codec in Codec::ALL {
+        let file = columnar::table_file_with(&sorted.0, &sorted.1, codec).expect("encoded");
+        let (_, payload) = smartstore::object::decode(Path::new("c"), &file).expect("decoded");
+        let name = format!("decode a checkpoint ({})", codec.name());
+        g.bench_function(name, |b| {
+            b.iter(|| columnar::decode(Path::new("c"), payload, None).expect("decoded"))
+        });
+    }
     g.finish();
 }
 

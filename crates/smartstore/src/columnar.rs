@@ -37,12 +37,15 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use arrow::array::ArrayRef;
 use arrow::buffer::{Buffer, MutableBuffer};
 use arrow::datatypes::{Schema, SchemaRef};
 use arrow::ipc::reader::StreamDecoder;
+use arrow::ipc::writer::IpcWriteOptions;
 use arrow::record_batch::RecordBatch;
 
 use crate::batch::data_bytes;
+use crate::codec::{self, Codec};
 use crate::error::{Error, Result};
 use crate::object;
 
@@ -66,22 +69,39 @@ struct Segment {
 /// Encodes `batches` (all with `schema`) as a columnar table payload.
 pub fn encode(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<Vec<u8>> {
     let mut out = Vec::new();
-    encode_into(&mut out, schema, batches)?;
+    encode_into(&mut out, schema, batches, Codec::Plain)?;
     Ok(out)
 }
 
 /// A complete table object file ([`object`]'s header around the columnar
 /// payload of `batches`), encoded in place.
 pub fn table_file(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<Vec<u8>> {
+    table_file_with(schema, batches, Codec::Plain)
+}
+
+/// [`table_file`] with the columns encoded by `codec` (see
+/// [`crate::codec`]): how checkpoints are stored and shipped.
+pub fn table_file_with(
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+    codec: Codec,
+) -> Result<Vec<u8>> {
     object::build(object::Kind::Table, |file| {
-        encode_into(file, schema, batches)
+        encode_into(file, schema, batches, codec)
     })
 }
 
 /// Appends the columnar payload of `batches` to `out` (offsets count from
-/// where it starts). Each segment is encoded in place, so the payload is
-/// written once (no per-column buffers copied after).
-pub fn encode_into(out: &mut Vec<u8>, schema: &SchemaRef, batches: &[RecordBatch]) -> Result<()> {
+/// where it starts), its columns encoded by `codec`. Each segment is
+/// encoded in place, so the payload is written once (no per-column buffers
+/// copied after).
+pub fn encode_into(
+    out: &mut Vec<u8>,
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+    codec: Codec,
+) -> Result<()> {
+    let options = IpcWriteOptions::default().try_with_compression(codec.compression())?;
     let base = out.len();
     let n = schema.fields().len() + 1;
     // The rows' own bytes: batches sliced from one array would count the
@@ -97,7 +117,11 @@ pub fn encode_into(out: &mut Vec<u8>, schema: &SchemaRef, batches: &[RecordBatch
         let at = (out.len() - base).next_multiple_of(ALIGN);
         out.resize(base + at, 0);
         {
-            let mut w = arrow::ipc::writer::StreamWriter::try_new(&mut *out, one)?;
+            let mut w = arrow::ipc::writer::StreamWriter::try_new_with_options(
+                &mut *out,
+                one,
+                options.clone(),
+            )?;
             for b in cols {
                 w.write(b)?;
             }
@@ -112,10 +136,15 @@ pub fn encode_into(out: &mut Vec<u8>, schema: &SchemaRef, batches: &[RecordBatch
     };
     segment(out, schema, &[])?;
     for (i, field) in schema.fields().iter().enumerate() {
-        let one = Arc::new(Schema::new(vec![field.clone()]));
-        let cols = batches
-            .iter()
-            .map(|b| RecordBatch::try_new(one.clone(), vec![b.column(i).clone()]))
+        let blocks: Vec<ArrayRef> = batches.iter().map(|b| b.column(i).clone()).collect();
+        let (field, blocks) = match codec.narrows() {
+            true => codec::narrow(field, &blocks)?.unwrap_or((field.clone(), blocks)),
+            false => (field.clone(), blocks),
+        };
+        let one = Arc::new(Schema::new(vec![field]));
+        let cols = blocks
+            .into_iter()
+            .map(|c| RecordBatch::try_new(one.clone(), vec![c]))
             .collect::<std::result::Result<Vec<_>, _>>()?;
         segment(out, &one, &cols)?;
     }
@@ -258,7 +287,14 @@ fn assemble(
     }
     let mut batches = Vec::with_capacity(blocks);
     for b in 0..blocks {
-        let cols = per_column.iter().map(|c| c[b].column(0).clone()).collect();
+        let cols = per_column
+            .iter()
+            .zip(out_schema.fields())
+            .map(|(c, want)| {
+                codec::widen(want, c[b].schema().field(0), c[b].column(0).clone())
+                    .map_err(|e| Error::object(path, e))
+            })
+            .collect::<Result<Vec<_>>>()?;
         let batch = if idx.is_empty() {
             RecordBatch::new_empty(out_schema.clone())
         } else {

@@ -19,7 +19,7 @@
 //! | primitives Scan, Sort, AggGrpSort bundle (2.3, 4.2) | [`plan::Primitive`], [`ops`] |
 //! | Sort on few-valued (dictionary) keys, by normalized key | [`ranksort`] |
 //! | the bundle's Group-by over sorted input, by runs | [`rungroup`], [`ops`] |
-//! | checkpoint per primitive (4.2) | [`host::Cluster::checkpoint_all`], [`host::Cluster::run_query_with`] |
+//! | checkpoint per primitive (4.2), pipelined behind the next primitive and encoded once | [`host::Cluster::run_query_with`], [`codec`] |
 //! | HP C2490A disk, MEMS G1 to G3 (5.2, Table 1) | [`devmodel`] |
 //! | Scan and TPC-H Q1 workloads (4) | [`spec::Query`], [`tpch`] |
 //! | recovery schemes: spare, migration, redistribution, parity (3.1 to 3.4) | [`recovery`], [`host::Cluster::run_query_with`] |
@@ -39,7 +39,7 @@
 //! | layer | modules | what |
 //! |---|---|---|
 //! | 0 | `error`, `redundancy` | the error type; the redundancy crate (layouts, parity), re-exported |
-//! | 1 | `access`, `batch`, `devmodel`, `object`, `plan`, `ranksort`, `rungroup` | leaves: who may call a node and where it may send data, a batch's own bytes, device models, the object envelope, plan fragments, the Sort and Group-by kernels |
+//! | 1 | `access`, `batch`, `codec`, `devmodel`, `object`, `plan`, `ranksort`, `rungroup` | leaves: who may call a node and where it may send data, a batch's own bytes, checkpoint encodings, device models, the object envelope, plan fragments, the Sort and Group-by kernels |
 //! | 2 | `columnar`, `ops`, `spec`, `wire` | a table object's payload, the primitives, the cluster and workload asked for, the Flight messages |
 //! | 3 | `client`, `recovery`, `tpch` | the Flight client, the recovery schemes and faults, the TPC-H data and plans |
 //! | 4 | `node` | a storage node: its store, its transfers to peers, its Flight service |
@@ -48,6 +48,7 @@
 pub mod access;
 pub mod batch;
 pub mod client;
+pub mod codec;
 pub mod columnar;
 pub mod devmodel;
 pub mod error;
