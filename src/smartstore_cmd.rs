@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 use smartstore::access::{Credentials, Members, NodeAccess, NodeTls, Token};
+use smartstore::codec::Codec;
 use smartstore::devmodel::DeviceModel;
 use smartstore::host::{Cluster, ClusterSpec, Launcher, Layout, Progress, Query, QueryReport};
 use smartstore::recovery::{FailMode, Fault, Scheme};
@@ -285,6 +286,17 @@ pub struct QueryArgs {
     /// spare) [default: spare, or parity with --layout parity].
     #[arg(long, value_enum, requires = "fail_node")]
     recovery: Option<RecoveryArg>,
+    /// Lose the node while its checkpoint of the previous primitive is still in flight
+    /// (checkpoints run behind the next primitive): recovery then starts from the checkpoint
+    /// before it and runs the lost node's part of the previous primitive again.
+    #[arg(long, requires = "fail_node")]
+    fail_mid_checkpoint: bool,
+    /// How checkpoints are encoded, once, for the device and the mirror or parity node: plain
+    /// (Arrow IPC as in memory), narrow (integer and decimal columns stored as offsets from
+    /// their minimum in 1, 2 or 4 bytes), lz4 or zstd (narrow, then Arrow IPC buffer
+    /// compression).
+    #[arg(long, default_value = "narrow")]
+    checkpoint_codec: Codec,
 }
 
 /// Primitives a fault can precede.
@@ -328,6 +340,7 @@ fn plan(args: &QueryArgs) -> anyhow::Result<(Query, ClusterSpec, Option<Fault>)>
         None => Layout::Mirror,
     };
     let fault = args.fail_node.map(|node| Fault {
+        mid_checkpoint: args.fail_mid_checkpoint,
         node,
         at: match args.fail_at {
             Some(FailAtArg::Scan) => 0,
@@ -394,6 +407,7 @@ pub fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
             t.elapsed().as_secs_f64()
         ));
         let mut cluster = start_or_connect(&args, spec, &work).await?;
+        cluster.codec = args.checkpoint_codec;
         let spinner = indicatif::ProgressBar::new_spinner();
         if fault.is_some() && !args.quiet {
             cluster.progress = Some(recovery_progress(&spinner));

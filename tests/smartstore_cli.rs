@@ -290,6 +290,16 @@ fn a_node_process_sigkilled_mid_query_is_recovered_by_each_scheme() {
         (
             vec![
                 "--fail-node",
+                "2",
+                "--recovery",
+                "parity",
+                "--fail-mid-checkpoint",
+            ],
+            "q1",
+        ),
+        (
+            vec![
+                "--fail-node",
                 "1",
                 "--layout",
                 "parity",
@@ -314,6 +324,12 @@ fn a_node_process_sigkilled_mid_query_is_recovered_by_each_scheme() {
         );
         assert!(
             err.contains("(after recovery)") && err.contains("verified"),
+            "{args:?}: {err}"
+        );
+        // Lost mid-checkpoint: that checkpoint is never used.
+        assert_eq!(
+            err.contains("did not complete: recovering from q1.scan"),
+            args.contains(&"--fail-mid-checkpoint"),
             "{args:?}: {err}"
         );
     }
@@ -351,6 +367,22 @@ fn fault_flags_that_do_not_fit_are_refused() {
         (
             vec!["query", "--fail-node", "1", "--checkpoint", "off"],
             "--checkpoint on",
+        ),
+        (
+            vec![
+                "query",
+                "--fail-node",
+                "1",
+                "--fail-at",
+                "scan",
+                "--fail-mid-checkpoint",
+            ],
+            "needs a checkpoint in flight",
+        ),
+        (vec!["query", "--fail-mid-checkpoint"], "--fail-node"),
+        (
+            vec!["query", "--checkpoint-codec", "gzip"],
+            "unknown checkpoint codec \"gzip\"",
         ),
         (
             vec![

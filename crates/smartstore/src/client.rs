@@ -215,13 +215,17 @@ impl NodeClient {
     }
 
     /// Sends raw bytes (an object file or a parity member).
-    pub async fn put_raw(&mut self, cmd: &PutCmd, bytes: Vec<u8>) -> Result<Stats> {
+    pub async fn put_raw(&mut self, cmd: &PutCmd, bytes: impl Into<bytes::Bytes>) -> Result<Stats> {
+        let bytes: bytes::Bytes = bytes.into();
         let mut messages = vec![FlightData {
             flight_descriptor: Some(Self::descriptor(cmd)),
+            // The total length, so the receiver sizes its buffer once.
+            app_metadata: (bytes.len() as u64).to_le_bytes().to_vec().into(),
             ..Default::default()
         }];
-        messages.extend(bytes.chunks(RAW_CHUNK).map(|c| FlightData {
-            data_body: bytes::Bytes::copy_from_slice(c),
+        // Chunks share the caller's buffer: no copy before the socket.
+        messages.extend((0..bytes.len()).step_by(RAW_CHUNK).map(|at| FlightData {
+            data_body: bytes.slice(at..(at + RAW_CHUNK).min(bytes.len())),
             ..Default::default()
         }));
         self.put(messages).await

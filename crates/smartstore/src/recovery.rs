@@ -104,6 +104,11 @@ pub struct Fault {
     pub mode: FailMode,
     /// How the query recovers.
     pub scheme: Scheme,
+    /// Lose the node while its checkpoint of the previous primitive is
+    /// still in flight (checkpoints run behind the next primitive), so the
+    /// recovery starts from the checkpoint before it. Otherwise the node
+    /// is lost once the previous checkpoint completed, the paper's point.
+    pub mid_checkpoint: bool,
 }
 
 impl Fault {
@@ -174,6 +179,19 @@ impl Fault {
                         self.scheme.name()
                     ));
                 }
+                if self.mid_checkpoint && self.at == 0 {
+                    return bad(
+                        "--fail-mid-checkpoint needs a checkpoint in flight: fail at sort or agg-grp-sort"
+                            .into(),
+                    );
+                }
+                if self.mid_checkpoint && self.at == 1 && !self.scheme.needs_spare() {
+                    return bad(format!(
+                        "recovery {} moves a completed checkpoint, and losing a node during Scan's \
+                         checkpoint leaves none: fail at agg-grp-sort, or recover with spare or parity",
+                        self.scheme.name()
+                    ));
+                }
             }
         }
         Ok(())
@@ -186,6 +204,7 @@ mod tests {
 
     fn f(scheme: Scheme, at: usize) -> Fault {
         Fault {
+            mid_checkpoint: false,
             node: 1,
             at,
             mode: FailMode::Kill,
@@ -264,5 +283,36 @@ mod tests {
                 .to_string()
                 .contains("scan, sort, agg-grp-sort")
         );
+    }
+
+    #[test]
+    fn a_mid_checkpoint_fault_needs_a_checkpoint_in_flight_and_one_to_fall_back_to() {
+        let mid = |scheme, at| Fault {
+            mid_checkpoint: true,
+            ..f(scheme, at)
+        };
+        let e = mid(Scheme::Spare, 0)
+            .check(Query::Q1, Layout::Mirror, 4, true)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("needs a checkpoint in flight"), "{e}");
+        // Lost during Scan's checkpoint, migration and redistribution have
+        // no completed checkpoint to move; the spare rebuilds the partition.
+        for scheme in [Scheme::Migrate, Scheme::Redistribute] {
+            let e = mid(scheme, 1)
+                .check(Query::Q1, Layout::Mirror, 4, true)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("leaves none"), "{e}");
+            mid(scheme, 2)
+                .check(Query::Q1, Layout::Mirror, 4, true)
+                .unwrap();
+        }
+        mid(Scheme::Spare, 1)
+            .check(Query::Q1, Layout::Mirror, 4, true)
+            .unwrap();
+        mid(Scheme::Parity, 1)
+            .check(Query::Q1, Layout::Parity, 4, true)
+            .unwrap();
     }
 }

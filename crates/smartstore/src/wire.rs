@@ -31,6 +31,7 @@ use arrow_flight::encode::{DictionaryHandling, FlightDataEncoder, FlightDataEnco
 use serde::{Deserialize, Serialize};
 
 use crate::batch::compact;
+use crate::codec::Codec;
 
 /// Raw bytes per Flight message.
 pub const RAW_CHUNK: usize = 1 << 20;
@@ -67,6 +68,15 @@ pub struct Stats {
     pub bytes_moved: u64,
     /// Rows produced.
     pub rows_out: u64,
+    /// Time encoding checkpoints (part of `compute_s`).
+    #[serde(default)]
+    pub encode_s: f64,
+    /// Time folding parity members (part of `compute_s`).
+    #[serde(default)]
+    pub fold_s: f64,
+    /// In-memory bytes of the tables checkpointed, before encoding.
+    #[serde(default)]
+    pub raw_bytes: u64,
 }
 
 impl Stats {
@@ -81,6 +91,9 @@ impl Stats {
             bytes_written: self.bytes_written + o.bytes_written,
             bytes_moved: self.bytes_moved + o.bytes_moved,
             rows_out: self.rows_out + o.rows_out,
+            encode_s: self.encode_s + o.encode_s,
+            fold_s: self.fold_s + o.fold_s,
+            raw_bytes: self.raw_bytes + o.raw_bytes,
         }
     }
     /// The time the node was busy, as charged.
@@ -116,6 +129,11 @@ pub enum PutCmd {
         member: usize,
         /// How many members the parity covers.
         members: usize,
+        /// The run this fold belongs to: a member of another run starts a
+        /// fresh fold, so a fold a lost node left unfinished never mixes
+        /// with the next run's members.
+        #[serde(default)]
+        epoch: u64,
     },
 }
 
@@ -173,6 +191,12 @@ pub struct CheckpointCmd {
     /// `Some((member, members))`: fold into the target's parity instead of
     /// copying.
     pub parity: Option<(usize, usize)>,
+    /// How the checkpoint's columns are encoded (see [`crate::codec`]).
+    #[serde(default)]
+    pub codec: Codec,
+    /// The query run it belongs to (parity folds are per run).
+    #[serde(default)]
+    pub epoch: u64,
 }
 
 /// Body of the `rebuild` action: rebuild a lost main node's object here.

@@ -172,6 +172,114 @@ fn any_single_main_node_is_rebuilt_bit_exact_on_the_spare_for_each_layout() {
     });
 }
 
+/// Section 4.2 with checkpoints off the critical path: in every codec,
+/// each primitive's checkpoint runs behind the next one, the answer is the
+/// failure-free one, and what the mirror holds decodes to exactly the
+/// output it protects; every codec but plain ships fewer bytes than the
+/// output holds in memory.
+#[test]
+fn checkpoints_in_every_codec_run_behind_the_next_primitive_and_decode_to_its_output() {
+    use arrow::compute::concat_batches;
+    use smartstore::codec::Codec;
+    let rt = rt();
+    rt.block_on(async {
+        let (schema, batches) = tpch::lineitem(SF).unwrap();
+        let want = tpch::to_csv(&[tpch::q1_single(schema.clone(), batches.clone())
+            .await
+            .unwrap()])
+        .unwrap();
+        let work = tempfile::tempdir().unwrap();
+        let mut c = Cluster::launch(
+            spec(Layout::Mirror, false),
+            &Launcher::InProcess,
+            work.path(),
+        )
+        .await
+        .unwrap();
+        c.place(schema.clone(), &batches).await.unwrap();
+        for codec in Codec::ALL {
+            c.codec = codec;
+            let r = c.run_query(Query::Q1, true).await.unwrap();
+            assert_eq!(tpch::to_csv(&r.result).unwrap(), want, "{codec:?}");
+            let behind: Vec<&str> = r.background().map(|p| p.name.as_str()).collect();
+            assert_eq!(behind, ["checkpoint scan", "checkpoint sort"], "{codec:?}");
+            assert!(
+                !r.critical_path().any(|p| p.name.starts_with("checkpoint")),
+                "{codec:?}: no checkpoint on the critical path"
+            );
+            assert!(r.settled_s >= r.wall_s(), "{codec:?}");
+            let cost = r.checkpoint_cost();
+            assert!(
+                cost.raw_bytes > 0 && cost.sent_bytes > 0,
+                "{codec:?}: {cost:?}"
+            );
+            if codec == Codec::Plain {
+                assert!(cost.sent_bytes >= cost.raw_bytes, "{codec:?}: {cost:?}");
+            } else {
+                assert!(2 * cost.sent_bytes < cost.raw_bytes, "{codec:?}: {cost:?}");
+            }
+            for obj in &names::Q1_OUT[..2] {
+                for i in 0..4 {
+                    let (s, copy) = c.mirror[i]
+                        .get_table(&names::ckpt(obj), None, None)
+                        .await
+                        .unwrap();
+                    let (s0, orig) = c.main[i].get_table(obj, None, None).await.unwrap();
+                    assert_eq!(s.fields(), s0.fields(), "{codec:?} {obj} {i}");
+                    assert_eq!(
+                        concat_batches(&s, &copy).unwrap(),
+                        concat_batches(&s0, &orig).unwrap(),
+                        "{codec:?}: mirror {i}'s checkpoint of {obj}"
+                    );
+                }
+            }
+        }
+    });
+}
+
+/// A parity fold a lost member left unfinished belongs to its run: a
+/// member of the next run starts a fresh fold instead of completing the
+/// old one with mixed data.
+#[test]
+fn a_parity_fold_left_unfinished_never_mixes_with_the_next_runs_members() {
+    use smartstore::client::NodeClient;
+    use smartstore::node::PutCmd;
+    use smartstore::redundancy::ParityBlock;
+    let rt = rt();
+    rt.block_on(async {
+        let work = tempfile::tempdir().unwrap();
+        let node =
+            smartstore::node::InProcessNode::start(&work.path().join("p"), DeviceModel::None)
+                .unwrap();
+        let mut c = NodeClient::connect(&node.addr, "parity").await.unwrap();
+        let add = |member, epoch| PutCmd::ParityAdd {
+            name: "x.parity".into(),
+            member,
+            members: 2,
+            epoch,
+        };
+        // Run 1: member 0 arrives, member 1 is lost.
+        c.put_raw(&add(0, 1), vec![0xAA; 300]).await.unwrap();
+        // Run 2: member 1 first, then member 0.
+        let (a, b) = (vec![0x0F; 200], vec![0x33; 300]);
+        c.put_raw(&add(1, 2), b.clone()).await.unwrap();
+        assert!(
+            c.get_object("x.parity").await.is_err(),
+            "one member of run 2 completes nothing"
+        );
+        c.put_raw(&add(0, 2), a.clone()).await.unwrap();
+        let mut want = ParityBlock::new(2);
+        want.add(0, &a);
+        want.add(1, &b);
+        let want = smartstore::object::encode(smartstore::object::Kind::Raw, &want.to_bytes());
+        assert_eq!(c.get_object("x.parity").await.unwrap(), want);
+        // A member repeated within one run is still refused.
+        c.put_raw(&add(0, 3), a.clone()).await.unwrap();
+        let e = c.put_raw(&add(0, 3), a).await.unwrap_err().to_string();
+        assert!(e.contains("repeated"), "{e}");
+    });
+}
+
 #[test]
 fn a_damaged_column_is_an_error_naming_the_node_and_file_for_every_query_that_reads_it() {
     let rt = rt();
@@ -336,9 +444,29 @@ fn every_scheme_recovers_a_node_lost_mid_query_with_the_failure_free_answer() {
             (Query::Q1, Scheme::Redistribute, 1, 2, FailMode::Kill),
             (Query::Q1, Scheme::Migrate, 2, 0, FailMode::Unreadable),
             (Query::Scan, Scheme::Parity, 0, 3, FailMode::Unreadable),
+        ]
+        .map(|(q, s, at, n, m)| (q, s, at, n, m, false));
+        // Lost while its checkpoint of the previous primitive is in flight:
+        // recovery starts from the checkpoint before it (or the partition).
+        let mid = [
+            (Query::Q1, Scheme::Spare, 2, 1, FailMode::Kill, true),
+            (Query::Q1, Scheme::Parity, 2, 2, FailMode::Kill, true),
+            (Query::Q1, Scheme::Migrate, 2, 3, FailMode::Kill, true),
+            (
+                Query::Q1,
+                Scheme::Redistribute,
+                2,
+                0,
+                FailMode::Unreadable,
+                true,
+            ),
+            (Query::Q1, Scheme::Spare, 1, 2, FailMode::Kill, true),
+            (Query::Q1, Scheme::Parity, 1, 1, FailMode::Unreadable, true),
         ];
-        for (query, scheme, at, node, mode) in cases {
-            let what = format!("{query:?} {scheme:?} at {at} node {node} {mode:?}");
+        for (query, scheme, at, node, mode, mid_checkpoint) in cases.into_iter().chain(mid) {
+            let what = format!(
+                "{query:?} {scheme:?} at {at} node {node} {mode:?} mid-checkpoint {mid_checkpoint}"
+            );
             let work = tempfile::tempdir().unwrap();
             let spec = ClusterSpec {
                 nodes: 4,
@@ -351,6 +479,7 @@ fn every_scheme_recovers_a_node_lost_mid_query_with_the_failure_free_answer() {
                 .unwrap();
             c.place(schema.clone(), &batches).await.unwrap();
             let fault = Fault {
+                mid_checkpoint,
                 node,
                 at,
                 mode,
@@ -366,20 +495,45 @@ fn every_scheme_recovers_a_node_lost_mid_query_with_the_failure_free_answer() {
                 &want_scan
             };
             assert_eq!(&tpch::to_csv(&r.result).unwrap(), want, "{what}");
-            let names: Vec<&str> = r.phases.iter().map(|p| p.name.as_str()).collect();
-            assert!(
-                names.iter().any(|n| n.ends_with("(node lost)")),
-                "{what}: {names:?}"
-            );
-            assert!(names.contains(&"recovery"), "{what}: {names:?}");
-            // Q1 never restarts from the beginning: primitives before the
-            // fault point run once.
-            if query == Query::Q1 {
-                let scans = names.iter().filter(|n| n.starts_with("scan")).count();
-                assert_eq!(scans, if at == 0 { 2 } else { 1 }, "{what}: {names:?}");
-            }
+            check_recovery_phases(&what, &r, at, mid_checkpoint);
         }
     });
+}
+
+/// The phases of a query that lost a node before primitive `at` show the
+/// loss and the recovery, rerun nothing before the fault point but what
+/// the lost checkpoint forces, and never use a checkpoint that did not
+/// complete.
+fn check_recovery_phases(
+    what: &str,
+    r: &smartstore::host::QueryReport,
+    at: usize,
+    mid_checkpoint: bool,
+) {
+    let names: Vec<&str> = r.phases.iter().map(|p| p.name.as_str()).collect();
+    assert!(
+        names.iter().any(|n| n.ends_with("(node lost)")),
+        "{what}: {names:?}"
+    );
+    assert!(names.contains(&"recovery"), "{what}: {names:?}");
+    // Q1 never restarts from the beginning: primitives before the fault
+    // point run once (twice for Scan when its checkpoint was lost).
+    if r.query == Query::Q1 {
+        let scans = names.iter().filter(|n| n.starts_with("scan")).count();
+        let again = at == 0 || (mid_checkpoint && at == 1);
+        assert_eq!(scans, if again { 2 } else { 1 }, "{what}: {names:?}");
+    }
+    // A lost checkpoint is never used: the previous primitive runs again
+    // from the one before it.
+    let lost_ckpt = names.iter().any(|n| n.contains("(1 lost)"));
+    assert_eq!(lost_ckpt, mid_checkpoint, "{what}: {names:?}");
+    if mid_checkpoint {
+        let redo = format!(
+            "{} (after recovery)",
+            smartstore::recovery::PRIMITIVES[at - 1]
+        );
+        assert!(names.contains(&redo.as_str()), "{what}: {names:?}");
+    }
 }
 
 #[test]
@@ -403,6 +557,7 @@ fn a_second_unplanned_loss_is_an_error_not_a_wrong_answer() {
         assert!(e.is_node_lost() && e.to_string().contains("main 2"), "{e}");
         // And with a plan for main 1, losing main 2 as well is refused.
         let fault = Fault {
+            mid_checkpoint: false,
             node: 1,
             at: 2,
             mode: FailMode::Kill,
@@ -509,6 +664,8 @@ fn a_client_without_the_cluster_token_or_with_a_wrong_one_is_refused_and_changes
                 target: n.addr.clone(),
                 as_name: "stolen".into(),
                 parity: None,
+                codec: Default::default(),
+                epoch: 0,
             };
             let errors = [
                 c.put_table("lineitem", schema.clone(), batches[1..2].to_vec())
@@ -600,6 +757,8 @@ fn transfers_naming_an_address_outside_the_members_are_refused_and_never_connect
             target: target.into(),
             as_name: "lineitem.ckpt".into(),
             parity: None,
+            codec: Default::default(),
+            epoch: 0,
         };
         // A member is a fine target.
         ca.checkpoint(&ckpt(&b.addr)).await.unwrap();
@@ -764,6 +923,8 @@ fn mutual_tls_nodes_serve_only_clients_with_a_certificate_of_the_cluster_ca() {
             target: peer.addr.clone(),
             as_name: "lineitem.ckpt".into(),
             parity: None,
+            codec: Default::default(),
+            epoch: 0,
         };
         c.checkpoint(&ckpt).await.unwrap();
         assert!(work.path().join("peer/lineitem.ckpt.obj").is_file());

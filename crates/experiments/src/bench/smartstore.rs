@@ -18,6 +18,7 @@ use std::process::{Command, ExitCode};
 
 use anyhow::Context;
 use clap::Args;
+use smartstore::codec::Codec;
 use smartstore::devmodel::DeviceModel;
 use smartstore::host::{Cluster, ClusterSpec, Launcher, Layout, Query, QueryReport};
 use smartstore::recovery::{FailMode, Fault, Scheme};
@@ -33,7 +34,8 @@ pub struct SmartstoreArgs {
     common: CommonArgs,
     /// TPC-H scale factor [default: 1; 2 with --recovery, so Q1's
     /// Group-by input (~100 MB per node) exceeds a node's 64 MB memory as in
-    /// the paper and is read back off the device; 0.05 with --quick].
+    /// the paper: once checkpointed it leaves memory, and a recovery reads
+    /// it back off the device; 0.05 with --quick].
     #[arg(long)]
     sf: Option<f64>,
     /// Runs of each query per configuration; the median is reported [default: 3, or 1 with --quick].
@@ -50,6 +52,8 @@ struct Row {
     layout: Layout,
     model: DeviceModel,
     workload: &'static str,
+    /// The codec of its checkpoints (if it checkpoints).
+    codec: Codec,
     report: QueryReport,
 }
 
@@ -71,12 +75,24 @@ const MODELS: [DeviceModel; 3] = [
 /// The layouts the failure-free mode measures.
 const LAYOUTS: [Layout; 2] = [Layout::Mirror, Layout::Parity];
 
-/// The failure-free workloads: name, query, checkpoints.
-const WORKLOADS: [(&str, Query, bool); 3] = [
-    ("scan", Query::Scan, false),
-    ("q1, no checkpoints", Query::Q1, false),
-    ("q1", Query::Q1, true),
+/// The failure-free workloads: name, query, checkpoints, their codec.
+const WORKLOADS: [(&str, Query, bool, Codec); 3] = [
+    ("scan", Query::Scan, false, Codec::Narrow),
+    ("q1, no checkpoints", Query::Q1, false, Codec::Narrow),
+    ("q1", Query::Q1, true, Codec::Narrow),
 ];
+
+/// Q1 with checkpoints in the other codecs, measured on the layouts with
+/// no device model (full runs only).
+const CODEC_WORKLOADS: [(&str, Query, bool, Codec); 3] = [
+    ("q1, plain checkpoints", Query::Q1, true, Codec::Plain),
+    ("q1, lz4 checkpoints", Query::Q1, true, Codec::Lz4),
+    ("q1, zstd checkpoints", Query::Q1, true, Codec::Zstd),
+];
+
+/// Target of the checkpoint issue: Q1 with checkpoints on answers within
+/// this factor of Q1 without (no device model).
+const CHECKPOINT_TARGET: f64 = 1.25;
 
 /// How long placing the table took on one layout and device model.
 type Placement = (Layout, DeviceModel, f64);
@@ -91,7 +107,7 @@ pub fn run(args: SmartstoreArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!((1..=20).contains(&runs), "--runs must be within 1..=20");
     let setup = Setup::new(&args)?;
     let total_rows: usize = setup.batches.iter().map(|b| b.num_rows()).sum();
-    let (rows, placements) = measure(&setup, runs)?;
+    let (rows, placements) = measure(&setup, runs, !quick)?;
 
     // The peer: DuckDB over the same rows, from Parquet.
     let duck = duckdb_q1(
@@ -117,7 +133,7 @@ pub fn run(args: SmartstoreArgs) -> anyhow::Result<ExitCode> {
 
 /// Every layout and device model on a fresh cluster: each workload `runs`
 /// times (the median kept), and the time placing the table took.
-fn measure(setup: &Setup, runs: u32) -> anyhow::Result<(Vec<Row>, Vec<Placement>)> {
+fn measure(setup: &Setup, runs: u32, codecs: bool) -> anyhow::Result<(Vec<Row>, Vec<Placement>)> {
     let bar = progress((LAYOUTS.len() * MODELS.len()) as u64, "smartstore");
     let mut rows: Vec<Row> = Vec::new();
     let mut placements = Vec::new();
@@ -134,9 +150,13 @@ fn measure(setup: &Setup, runs: u32) -> anyhow::Result<(Vec<Row>, Vec<Placement>
                 spare: false,
                 model,
             };
+            let mut workloads = WORKLOADS.to_vec();
+            if codecs && model == DeviceModel::None {
+                workloads.extend(CODEC_WORKLOADS);
+            }
             let (placed, measured) = setup
                 .rt
-                .block_on(measure_cluster(setup, spec, &work, runs))?;
+                .block_on(measure_cluster(setup, spec, &work, runs, &workloads))?;
             placements.push((layout, model, placed));
             rows.extend(measured);
             std::fs::remove_dir_all(&work).ok();
@@ -147,21 +167,23 @@ fn measure(setup: &Setup, runs: u32) -> anyhow::Result<(Vec<Row>, Vec<Placement>
     Ok((rows, placements))
 }
 
-/// One cluster: place the table, run every workload `runs` times, check
-/// each answer; the placement's seconds and a row per workload.
+/// One cluster: place the table, run every workload `runs` times in
+/// interleaved rounds (each round runs each workload once), check each
+/// answer; the placement's seconds and a row per workload, its median run.
 async fn measure_cluster(
     setup: &Setup,
     spec: ClusterSpec,
     work: &Path,
     runs: u32,
+    workloads: &[(&'static str, Query, bool, Codec)],
 ) -> anyhow::Result<(f64, Vec<Row>)> {
     let (layout, model) = (spec.layout, spec.model);
     let mut c = Cluster::launch(spec, &Launcher::Process(setup.exe.clone()), work).await?;
     let placed = c.place(setup.schema.clone(), &setup.batches).await?;
-    let mut rows = Vec::new();
-    for (workload, query, ckpt) in WORKLOADS {
-        let mut reports = Vec::new();
-        for _ in 0..runs {
+    let mut reports: Vec<Vec<QueryReport>> = workloads.iter().map(|_| Vec::new()).collect();
+    for _ in 0..runs {
+        for (i, &(workload, query, ckpt, codec)) in workloads.iter().enumerate() {
+            c.codec = codec;
             let r = c.run_query(query, ckpt).await?;
             anyhow::ensure!(
                 tpch::to_csv(&r.result)? == setup.want(query),
@@ -169,16 +191,21 @@ async fn measure_cluster(
                 layout.name(),
                 model.name()
             );
-            reports.push(r);
+            reports[i].push(r);
         }
-        rows.push(Row {
-            layout,
-            model,
-            workload,
-            report: median_by_total(reports),
-        });
     }
     c.shutdown();
+    let rows = workloads
+        .iter()
+        .zip(reports)
+        .map(|(w, reports)| Row {
+            layout,
+            model,
+            workload: w.0,
+            codec: w.3,
+            report: median_by_total(reports),
+        })
+        .collect();
     Ok((placed, rows))
 }
 
@@ -210,39 +237,89 @@ fn print_breakdown(rows: &[Row]) {
     println!("{}", t.render());
 }
 
-/// Q1 with checkpoints against Q1 without, per layout and device model.
+/// Q1 with checkpoints against Q1 without, per layout, device model and
+/// codec: the answer's time (wall with no device model, modelled with
+/// one), and where the checkpoints, which run behind the next primitive,
+/// spent theirs.
 fn print_checkpoint_cost(rows: &[Row]) {
     println!(
-        "cost of checkpointing Q1's intermediate results (section 4.2): total with minus without"
+        "cost of checkpointing Q1's intermediate results (section 4.2), each checkpoint running behind \
+         the next primitive: Q1 with checkpoints against Q1 without (wall time with no device model, \
+         modelled time with one); checkpoint times are the busiest node's, summed over Scan's and Sort's"
     );
     let mut t = Table::new(&[
         "layout",
         "device model",
+        "codec",
         "q1 without s",
         "q1 with s",
-        "checkpoint cost s",
-        "cost %",
+        "ratio",
+        "settled s",
+        "encode s",
+        "device s",
+        "send s",
+        "fold s",
+        "MB in memory",
+        "MB sent",
     ]);
+    let mut verdicts = Vec::new();
     for layout in LAYOUTS {
         for model in MODELS {
-            let find = |w: &str| {
-                rows.iter()
-                    .find(|r| r.layout == layout && r.model == model && r.workload == w)
-                    .expect("measured")
+            let sel = |r: &&Row| r.layout == layout && r.model == model;
+            let Some(off) = rows
+                .iter()
+                .filter(sel)
+                .find(|r| r.workload == "q1, no checkpoints")
+            else {
+                continue;
             };
-            let off = find("q1, no checkpoints").report.total_s();
-            let on = find("q1").report.total_s();
-            t.row(vec![
-                layout.name().into(),
-                model.name().into(),
-                format!("{off:.3}"),
-                format!("{on:.3}"),
-                format!("{:.3}", on - off),
-                format!("{:.0}%", (on - off) / off * 100.0),
-            ]);
+            let time = |r: &QueryReport| match model {
+                DeviceModel::None => r.wall_s(),
+                _ => r.total_s(),
+            };
+            let base = time(&off.report);
+            for on in rows
+                .iter()
+                .filter(sel)
+                .filter(|r| r.workload.starts_with("q1") && r.workload != off.workload)
+            {
+                let c = on.report.checkpoint_cost();
+                let ratio = time(&on.report) / base;
+                t.row(vec![
+                    layout.name().into(),
+                    model.name().into(),
+                    on.codec.name().into(),
+                    format!("{base:.3}"),
+                    format!("{:.3}", time(&on.report)),
+                    format!("{ratio:.2}x"),
+                    format!("{:.3}", on.report.settled_s),
+                    format!("{:.3}", c.encode_s),
+                    format!("{:.3}", c.device_s),
+                    format!("{:.3}", c.transfer_s),
+                    format!("{:.3}", c.fold_s),
+                    format!("{:.1}", c.raw_bytes as f64 / 1e6),
+                    format!("{:.1}", c.sent_bytes as f64 / 1e6),
+                ]);
+                if model == DeviceModel::None && on.workload == "q1" {
+                    verdicts.push(format!(
+                        "{}: {ratio:.2}x ({})",
+                        layout.name(),
+                        if ratio <= CHECKPOINT_TARGET {
+                            "met"
+                        } else {
+                            "MISSED"
+                        }
+                    ));
+                }
+            }
         }
     }
     println!("{}", t.render());
+    println!(
+        "Q1 with {} checkpoints within {CHECKPOINT_TARGET}x of Q1 without (no device model, wall): {}",
+        Codec::default().name(),
+        verdicts.join(", ")
+    );
 }
 
 /// Our Q1 against DuckDB's, the single-process decomposition, and the
@@ -287,7 +364,10 @@ fn print_peer(rows: &[Row], duck: &Duck, single_s: f64, placements: &[Placement]
 fn plot_failure_free(out: &Path, sf: f64, rows: &[Row]) -> anyhow::Result<()> {
     let mut panels = Vec::new();
     for model in MODELS {
-        let sel: Vec<&Row> = rows.iter().filter(|r| r.model == model).collect();
+        let sel: Vec<&Row> = rows
+            .iter()
+            .filter(|r| r.model == model && WORKLOADS.iter().any(|w| w.0 == r.workload))
+            .collect();
         let cats = sel
             .iter()
             .map(|r| {
@@ -609,6 +689,7 @@ fn scenario(setup: &Setup, model: DeviceModel, sc: Scenario) -> anyhow::Result<Q
         let mut c = Cluster::launch(spec, &Launcher::Process(setup.exe.clone()), &work).await?;
         c.place(setup.schema.clone(), &setup.batches).await?;
         let fault = sc.scheme.map(|scheme| Fault {
+            mid_checkpoint: false,
             node: LOST,
             at: Fault::default_at(sc.query),
             mode: FailMode::Kill,

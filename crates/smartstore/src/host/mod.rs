@@ -31,6 +31,7 @@ use arrow::record_batch::RecordBatch;
 
 use crate::access::{Credentials, Members, NodeAccess, Token, write_private};
 use crate::client::NodeClient;
+use crate::codec::Codec;
 use crate::devmodel::DeviceModel;
 use crate::error::{Error, Result};
 use crate::node::InProcessNode;
@@ -43,9 +44,17 @@ mod query;
 mod recover;
 mod report;
 
-pub use report::{Phase, QueryReport};
+pub use report::{CheckpointCost, Phase, QueryReport};
 // The plan-level types once lived here; their old paths stay.
 pub use crate::spec::{ClusterSpec, Layout, MAX_NODES, Query};
+
+/// A first run number unlikely to meet one an earlier host left on the
+/// same nodes: the clock's nanoseconds.
+fn first_epoch() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64)
+}
 
 /// How local nodes are started.
 #[derive(Debug, Clone)]
@@ -81,6 +90,10 @@ pub struct Cluster {
     owned: Vec<Owned>,
     /// Called with a line of news while a query loses a node and recovers.
     pub progress: Option<Progress>,
+    /// How checkpoints are encoded (see [`crate::codec`]).
+    pub codec: Codec,
+    /// The last query run's number (parity folds are per run).
+    epoch: u64,
 }
 
 /// A callback for recovery news.
@@ -261,6 +274,8 @@ impl Cluster {
             dirs: Vec::new(),
             owned: Vec::new(),
             progress: None,
+            codec: Codec::default(),
+            epoch: first_epoch(),
         })
     }
 
@@ -319,37 +334,46 @@ impl Cluster {
         workers: &mut [Worker],
         object: &str,
     ) -> Result<Vec<(String, Stats)>> {
-        let n = self.spec.nodes;
+        self.epoch += 1;
         let calls = workers.iter_mut().map(|w| {
-            let slot = w.slot.expect("checkpointing workers stand for main nodes");
-            let (target, as_name, parity) = match self.spec.layout {
-                Layout::Mirror => (
-                    self.mirror[slot].addr().to_string(),
-                    names::ckpt(object),
-                    None,
-                ),
-                Layout::Parity => (
-                    self.parity
-                        .as_ref()
-                        .expect("parity layout")
-                        .addr()
-                        .to_string(),
-                    names::parity(object),
-                    Some((slot, n)),
-                ),
-            };
-            let cmd = CheckpointCmd {
-                object: object.into(),
-                target,
-                as_name,
-                parity,
-            };
+            let cmd = self.checkpoint_cmd(w, object, self.epoch);
             async move {
                 let s = w.client.checkpoint(&cmd).await?;
                 Ok::<_, Error>((w.client.label().to_string(), s))
             }
         });
         futures::future::try_join_all(calls).await
+    }
+
+    /// The command that checkpoints worker `w`'s `object` to the redundancy
+    /// slot of the main node it stands for, in run `epoch`.
+    fn checkpoint_cmd(&self, w: &Worker, object: &str, epoch: u64) -> CheckpointCmd {
+        let n = self.spec.nodes;
+        let slot = w.slot.expect("checkpointing workers stand for main nodes");
+        let (target, as_name, parity) = match self.spec.layout {
+            Layout::Mirror => (
+                self.mirror[slot].addr().to_string(),
+                names::ckpt(object),
+                None,
+            ),
+            Layout::Parity => (
+                self.parity
+                    .as_ref()
+                    .expect("parity layout")
+                    .addr()
+                    .to_string(),
+                names::parity(object),
+                Some((slot, n)),
+            ),
+        };
+        CheckpointCmd {
+            object: object.into(),
+            target,
+            as_name,
+            parity,
+            codec: self.codec,
+            epoch,
+        }
     }
 
     /// Loses main node `i`: kills its process (or stops its in-process

@@ -6,15 +6,19 @@
 
 use std::time::Instant;
 
+use tokio::task::JoinHandle;
+
 use arrow::record_batch::RecordBatch;
 
 use super::recover::Replacement;
 use super::{Cluster, Phase, QueryReport, Worker, names, run_on};
+use crate::client::NodeClient;
 use crate::error::{Error, Result};
 use crate::plan::Primitive;
 use crate::recovery::Fault;
 use crate::spec::Query;
 use crate::tpch;
+use crate::wire::CheckpointCmd;
 use crate::wire::Stats;
 
 /// A query in flight: its plan, who works on it, what it has done.
@@ -33,11 +37,31 @@ struct InFlight {
     /// redundancy group of its own: no further checkpoints.
     degraded: bool,
     phases: Vec<Phase>,
+    /// The checkpoint running behind the current primitive, if any.
+    pending: Option<Pending>,
+    /// This run's number (parity folds are per run).
+    epoch: u64,
 }
 
+/// One primitive's checkpoint, running on every worker behind the next
+/// primitive (section 4.2, off the critical path).
+struct Pending {
+    /// The primitive whose output it checkpoints.
+    k: usize,
+    started: Instant,
+    /// One task per worker, in the workers' order.
+    tasks: Vec<Task>,
+}
+
+/// One worker's checkpoint task: its label and stats.
+type Task = JoinHandle<Result<(String, Stats)>>;
+
+/// How a pending checkpoint ended: each worker's result, in order.
+type Settled = Vec<Result<(String, Stats)>>;
+
 impl InFlight {
-    /// Whether primitive `k`'s output is checkpointed (and so materialised
-    /// on the device).
+    /// Whether primitive `k`'s output is checkpointed (which also writes it
+    /// to the owner's device).
     fn keeps(&self, k: usize) -> bool {
         self.checkpoint && k + 1 < self.prims.len() && !self.degraded
     }
@@ -94,7 +118,9 @@ impl Cluster {
         if let Some(f) = &fault {
             self.check_fault(f, query, checkpoint)?;
         }
+        let start = Instant::now();
         let (prims, outs, labels) = plan(query);
+        self.epoch += 1;
         let mut q = InFlight {
             query,
             checkpoint,
@@ -105,23 +131,118 @@ impl Cluster {
             workers: self.main_workers(names::LINEITEM),
             degraded: false,
             phases: Vec::new(),
+            pending: None,
+            epoch: self.epoch,
         };
+        let run = self.run_all(&mut q).await;
+        // Whatever happened, no checkpoint task outlives the query.
+        let settled = self.settle(&mut q).await;
+        let mut report = run?;
+        settled?;
+        report.phases = std::mem::take(&mut q.phases);
+        report.settled_s = start.elapsed().as_secs_f64();
+        Ok(report)
+    }
+
+    /// Runs every primitive, each checkpoint behind the next primitive,
+    /// and collects the answer.
+    async fn run_all(&mut self, q: &mut InFlight) -> Result<QueryReport> {
         for k in 0..q.prims.len() {
-            self.run_primitive(&mut q, k).await?;
+            self.run_primitive(q, k).await?;
             for w in q.workers.iter_mut() {
                 w.inputs = vec![q.outs[k].to_string()];
             }
             if q.keeps(k) {
-                let t = Instant::now();
-                let s = self.checkpoint_workers(&mut q.workers, q.outs[k]).await?;
-                q.phases.push(Phase::from_nodes(
-                    &format!("checkpoint {}", q.labels[k]),
-                    t.elapsed().as_secs_f64(),
-                    &s,
-                ));
+                // At most one checkpoint in flight: memory holds the output
+                // being checkpointed and the one being computed.
+                self.settle(q).await?;
+                self.start_checkpoint(q, k)?;
             }
         }
         collect(q).await
+    }
+
+    /// Starts checkpointing every worker's output of primitive `k` behind
+    /// the next primitive. A fault planned to land while this checkpoint
+    /// is in flight loses its node here: the others' checkpoints are under
+    /// way, the lost node's never completes.
+    fn start_checkpoint(&mut self, q: &mut InFlight, k: usize) -> Result<()> {
+        let victim = q
+            .fault
+            .filter(|f| f.mid_checkpoint && f.at == k + 1)
+            .map(|f| (f, q.workers.iter().position(|w| w.slot == Some(f.node))));
+        let calls: Vec<(NodeClient, CheckpointCmd)> = q
+            .workers
+            .iter()
+            .map(|w| (w.client.clone(), self.checkpoint_cmd(w, q.outs[k], q.epoch)))
+            .collect();
+        let spawn = |(mut client, cmd): (NodeClient, CheckpointCmd)| {
+            tokio::spawn(async move {
+                let s = client.checkpoint(&cmd).await?;
+                Ok((client.label().to_string(), s))
+            })
+        };
+        let mut tasks: Vec<Option<Task>> = calls
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (victim.map(|v| v.1) != Some(Some(i))).then(|| spawn(c.clone())))
+            .collect();
+        if let Some((f, _)) = victim {
+            self.progress(&format!(
+                "fault: losing main {} ({:?}) while its checkpoint of {} is in flight",
+                f.node, f.mode, q.labels[k]
+            ));
+            self.fail_node(f.node, f.mode)?;
+        }
+        for (t, c) in tasks.iter_mut().zip(calls) {
+            if t.is_none() {
+                *t = Some(spawn(c));
+            }
+        }
+        q.pending = Some(Pending {
+            k,
+            started: Instant::now(),
+            tasks: tasks.into_iter().map(|t| t.expect("spawned")).collect(),
+        });
+        Ok(())
+    }
+
+    /// Waits for the pending checkpoint, records its phase, and returns
+    /// each worker's result (empty when none was pending).
+    async fn wait_pending(&self, q: &mut InFlight) -> Settled {
+        let Some(p) = q.pending.take() else {
+            return Vec::new();
+        };
+        let mut out = Vec::with_capacity(p.tasks.len());
+        for t in p.tasks {
+            out.push(match t.await {
+                Ok(r) => r,
+                Err(e) => Err(Error::Invalid(format!("checkpoint task: {e}"))),
+            });
+        }
+        let done: Vec<(String, Stats)> = out
+            .iter()
+            .filter_map(|r| r.as_ref().ok().cloned())
+            .collect();
+        let failed = out.len() - done.len();
+        let name = match failed {
+            0 => format!("checkpoint {}", q.labels[p.k]),
+            n => format!("checkpoint {} ({n} lost)", q.labels[p.k]),
+        };
+        q.phases.push(Phase::checkpoint(
+            &name,
+            p.started.elapsed().as_secs_f64(),
+            &done,
+        ));
+        out
+    }
+
+    /// Waits for the pending checkpoint to complete everywhere.
+    async fn settle(&self, q: &mut InFlight) -> Result<()> {
+        for r in self.wait_pending(q).await {
+            r?;
+        }
+        Ok(())
     }
 
     /// Checks this cluster can inject `f` and recover from it.
@@ -144,16 +265,19 @@ impl Cluster {
     /// Runs primitive `k` on every worker, losing the fault's node just
     /// before it when the fault says so, and recovering when a node is lost.
     async fn run_primitive(&mut self, q: &mut InFlight, k: usize) -> Result<()> {
-        if let Some(f) = q.fault.filter(|f| f.at == k) {
+        // A mid-checkpoint fault already struck when the checkpoint started.
+        if let Some(f) = q.fault.filter(|f| f.at == k && !f.mid_checkpoint) {
+            // The paper's point: the previous checkpoint is complete.
+            self.settle(q).await?;
             self.progress(&format!(
                 "fault: losing main {} ({:?}) just before {}",
                 f.node, f.mode, q.labels[k]
             ));
             self.fail_node(f.node, f.mode)?;
         }
-        let keep = q.keeps(k);
         let t = Instant::now();
-        let results = run_on(&mut q.workers, q.outs[k], &q.prims[k], keep, None).await;
+        // Outputs stay in memory; a checkpoint writes them to the device.
+        let results = run_on(&mut q.workers, q.outs[k], &q.prims[k], false, None).await;
         let (done, lost) = split_lost(results)?;
         if lost.is_empty() {
             q.phases.push(Phase::from_nodes(
@@ -196,12 +320,33 @@ impl Cluster {
             "detected: {e}; recovering with {}",
             f.scheme.name()
         ));
-        let src = if k == 0 {
-            names::LINEITEM
-        } else {
-            q.outs[k - 1]
+        // Recovery starts from the lost node's last checkpoint that
+        // completed: the previous primitive's, unless the node was lost
+        // while that one was still in flight; then the one before it (at
+        // most one checkpoint is ever in flight), and the lost node's part
+        // of the previous primitive runs again.
+        let settled = self.wait_pending(q).await;
+        let lost_ckpt = settled.get(w).is_some_and(|r| r.is_err());
+        for (i, r) in settled.into_iter().enumerate() {
+            if i != w {
+                r?;
+            }
+        }
+        let from = if lost_ckpt { k.checked_sub(1) } else { Some(k) };
+        let (src, base) = match from {
+            Some(j) if j >= 1 => (q.outs[j - 1], false),
+            _ => (names::LINEITEM, true),
         };
-        let recovery = self.recover(f, src, k == 0).await?;
+        let catch_up = from.map_or(0, |j| k - j);
+        if catch_up > 0 {
+            self.progress(&format!(
+                "main {}'s checkpoint of {} did not complete: recovering from {}",
+                f.node,
+                q.labels[k - 1],
+                if base { "its partition" } else { src }
+            ));
+        }
+        let recovery = self.recover(f, src, base).await?;
         q.phases.push(recovery.phase);
         let rerun_all = match recovery.workers {
             Replacement::One(worker) => {
@@ -217,16 +362,27 @@ impl Cluster {
                 true
             }
         };
-        let keep = q.keeps(k);
-        let t = Instant::now();
         let only = (!rerun_all).then_some(w);
-        let results = run_on(&mut q.workers, q.outs[k], &q.prims[k], keep, only).await;
-        let named = results.into_iter().collect::<Result<Vec<_>>>()?;
-        q.phases.push(Phase::from_nodes(
-            &format!("{} (after recovery)", q.labels[k]),
-            t.elapsed().as_secs_f64(),
-            &named,
-        ));
+        for j in k - catch_up..=k {
+            if j < k {
+                self.progress(&format!("running {} again from {src}", q.labels[j]));
+            }
+            let t = Instant::now();
+            let results = run_on(&mut q.workers, q.outs[j], &q.prims[j], false, only).await;
+            let named = results.into_iter().collect::<Result<Vec<_>>>()?;
+            q.phases.push(Phase::from_nodes(
+                &format!("{} (after recovery)", q.labels[j]),
+                t.elapsed().as_secs_f64(),
+                &named,
+            ));
+            if j < k {
+                for (i, wk) in q.workers.iter_mut().enumerate() {
+                    if only.is_none_or(|o| o == i) {
+                        wk.inputs = vec![q.outs[j].to_string()];
+                    }
+                }
+            }
+        }
         self.progress("recovered; continuing");
         Ok(())
     }
@@ -234,15 +390,10 @@ impl Cluster {
 
 /// Fetches the last primitive's output from every worker and merges it
 /// on the host: Scan's rows in order, Q1's partial groups into one.
-async fn collect(q: InFlight) -> Result<QueryReport> {
-    let InFlight {
-        query,
-        outs,
-        mut workers,
-        mut phases,
-        ..
-    } = q;
-    let last = outs[outs.len() - 1];
+async fn collect(q: &mut InFlight) -> Result<QueryReport> {
+    let query = q.query;
+    let last = q.outs[q.outs.len() - 1];
+    let workers = &mut q.workers;
     let t = Instant::now();
     let calls = workers
         .iter_mut()
@@ -259,7 +410,9 @@ async fn collect(q: InFlight) -> Result<QueryReport> {
             (merged.schema(), vec![merged])
         }
     };
-    phases.push(Phase {
+    q.phases.push(Phase {
+        background: false,
+        checkpoint: None,
         name: if query == Query::Scan {
             "collect"
         } else {
@@ -276,6 +429,8 @@ async fn collect(q: InFlight) -> Result<QueryReport> {
         query,
         schema,
         result,
-        phases,
+        // The caller moves the phases in once every checkpoint settled.
+        phases: Vec::new(),
+        settled_s: 0.0,
     })
 }

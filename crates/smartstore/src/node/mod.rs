@@ -82,8 +82,9 @@ impl std::fmt::Debug for Inner {
 /// Default memory a node caches objects of its device in: the paper's
 /// 64 MB of on-device memory (section 5). An object larger than this is
 /// read back from the device (and charged to the device model) by the next
-/// primitive that needs it. Objects kept in memory only (outputs of a query
-/// that does not checkpoint) are the only copy and are always held.
+/// primitive that needs it. Objects kept in memory only (a primitive's
+/// output until its checkpoint has written it) are the only copy and are
+/// always held.
 pub const DEFAULT_MEMORY: usize = 64 << 20;
 
 /// Where a stored object goes.
@@ -113,6 +114,21 @@ impl Inner {
             return;
         }
         self.held.push((name.to_string(), held));
+        self.evict();
+    }
+
+    /// Records that a memory-only object is now on the device too (its
+    /// checkpoint wrote it), so memory may drop it.
+    fn mark_on_device(&mut self, name: &str) {
+        if let Some(h) = self.held.iter_mut().find(|h| h.0 == name) {
+            h.1.on_device = true;
+        }
+        self.evict();
+    }
+
+    /// Drops the oldest objects that are also on the device until the held
+    /// ones fit the budget.
+    fn evict(&mut self) {
         let mut total: usize = self.held.iter().map(|h| h.1.bytes).sum();
         let mut i = 0;
         while total > self.budget && i + 1 < self.held.len() {
@@ -187,7 +203,13 @@ impl Node {
             let inner = self.inner.lock();
             match inner.get(name) {
                 Some(Held { file: Some(f), .. }) => return Ok(f.clone()),
-                Some(Held { table: Some(t), .. }) => Some(t.clone()),
+                // Once on the device, its bytes are those of the file there
+                // (a checkpoint's codec), which parity members must match.
+                Some(Held {
+                    table: Some(t),
+                    on_device: false,
+                    ..
+                }) => Some(t.clone()),
                 _ => None,
             }
         };

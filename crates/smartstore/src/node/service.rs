@@ -241,7 +241,14 @@ impl FlightService for NodeService {
                 stats
             }
             _ => {
-                let mut bytes = first.data_body.to_vec();
+                // The sender announces the total length in the first
+                // message's metadata: the buffer is sized once, within the
+                // put limit (a wrong hint only costs a regrowth).
+                let hint = <[u8; 8]>::try_from(first.app_metadata.as_ref())
+                    .map_or(RAW_CHUNK as u64, u64::from_le_bytes)
+                    .min(node.access.max_put_bytes);
+                let mut bytes = Vec::with_capacity(hint as usize);
+                bytes.extend_from_slice(&first.data_body);
                 while let Some(m) = stream.message().await? {
                     budget.take(&m)?;
                     bytes.extend_from_slice(&m.data_body);
