@@ -21,6 +21,8 @@ want valgrind valgrind
 want memcached memcached
 want nc netcat-openbsd
 want jq jq
+want ip iproute2         # rebound query --link: a network namespace per node (tests/smartstore_cli.rs)
+want tc iproute2
 want openssl openssl       # throwaway certificates for the TLS tests
 want nbdsh python3-libnbd
 # libnbd's Python bindings, for the system Python the tests run.

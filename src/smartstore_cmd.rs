@@ -11,7 +11,9 @@ use clap::{Args, ValueEnum};
 use smartstore::access::{Credentials, Members, NodeAccess, NodeTls, Token};
 use smartstore::codec::Codec;
 use smartstore::devmodel::DeviceModel;
-use smartstore::host::{Cluster, ClusterSpec, Launcher, Layout, Progress, Query, QueryReport};
+use smartstore::host::{
+    Cluster, ClusterSpec, Launcher, Layout, Link, Progress, Query, QueryReport,
+};
 use smartstore::recovery::{FailMode, Fault, Scheme};
 use smartstore::tpch;
 
@@ -297,6 +299,16 @@ pub struct QueryArgs {
     /// compression).
     #[arg(long, default_value = "narrow")]
     checkpoint_codec: Codec,
+    /// Run every local node in a network namespace of its own, its link shaped to this rate by
+    /// tc's token-bucket filter (e.g. 1gbit, 100mbit; unlimited: own stack, no shaping), as if
+    /// each node were a host with a NIC of that speed. Needs root and iproute2 [default: local
+    /// nodes on loopback].
+    #[arg(long, value_parser = parse_link, conflicts_with = "node_addrs")]
+    link: Option<Link>,
+}
+
+fn parse_link(s: &str) -> Result<Link, String> {
+    Link::parse(s).map_err(|e| e.to_string())
 }
 
 /// Primitives a fault can precede.
@@ -465,7 +477,11 @@ async fn start_or_connect(
 ) -> anyhow::Result<Cluster> {
     if args.node_addrs.is_empty() {
         let exe = std::env::current_exe().context("locating the rebound binary")?;
-        return Ok(Cluster::launch(spec, &Launcher::Process(exe), work).await?);
+        let launcher = match args.link {
+            Some(link) => Launcher::Netns(exe, link),
+            None => Launcher::Process(exe),
+        };
+        return Ok(Cluster::launch(spec, &launcher, work).await?);
     }
     let credentials = Credentials {
         token: match &args.token_file {

@@ -335,6 +335,58 @@ fn a_node_process_sigkilled_mid_query_is_recovered_by_each_scheme() {
     }
 }
 
+/// Every node in a network namespace of its own on a shaped 1 Gbit/s link
+/// (real TCP stacks, veths and a bridge): the answer is TPC-H's, a node
+/// SIGKILLed mid-query is recovered across the links, the nodes listen on
+/// their namespaces' addresses, and nothing of the network outlives the
+/// run.
+#[test]
+fn nodes_on_their_own_network_stacks_answer_and_recover_and_leave_nothing_behind() {
+    let namespaces = || -> Vec<String> {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "list"])
+            .output()
+            .expect("ip (iproute2)");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.starts_with("rb"))
+            .map(String::from)
+            .collect()
+    };
+    let before = namespaces();
+    let (ok, out, err) = rebound(&[
+        "query",
+        "--sf",
+        "0.01",
+        "--format",
+        "csv",
+        "--verify",
+        "--link",
+        "1gbit",
+        "--fail-node",
+        "1",
+        "--recovery",
+        "spare",
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(out, Q1_SF001);
+    assert!(err.contains("(after recovery)"), "{err}");
+    // Nodes answer on their namespaces' addresses, not on loopback.
+    assert!(err.contains("(10.") && !err.contains("127.0.0.1"), "{err}");
+    assert_eq!(namespaces(), before, "namespaces left behind");
+    let bridges = std::process::Command::new("ip")
+        .args(["-o", "link", "show", "type", "bridge"])
+        .output()
+        .unwrap();
+    let left = String::from_utf8_lossy(&bridges.stdout).to_string();
+    assert!(
+        !left
+            .lines()
+            .any(|l| l.contains(": rb") && l.contains("br:")),
+        "{left}"
+    );
+}
+
 #[test]
 fn fault_flags_that_do_not_fit_are_refused() {
     for (args, expect) in [
@@ -383,6 +435,16 @@ fn fault_flags_that_do_not_fit_are_refused() {
         (
             vec!["query", "--checkpoint-codec", "gzip"],
             "unknown checkpoint codec \"gzip\"",
+        ),
+        (vec!["query", "--link", "fast"], "--link \"fast\""),
+        (vec!["query", "--link", "1kbit"], "from 64kbit to 400gbit"),
+        (
+            vec!["query", "--link", "1gbit", "--node-addrs", "a:1"],
+            "cannot be used with",
+        ),
+        (
+            vec!["bench", "smartstore", "--quick", "--link", "1gb"],
+            "--link \"1gb\"",
         ),
         (
             vec![

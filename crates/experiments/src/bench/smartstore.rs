@@ -20,7 +20,7 @@ use anyhow::Context;
 use clap::Args;
 use smartstore::codec::Codec;
 use smartstore::devmodel::DeviceModel;
-use smartstore::host::{Cluster, ClusterSpec, Launcher, Layout, Query, QueryReport};
+use smartstore::host::{Cluster, ClusterSpec, Launcher, Layout, Link, Query, QueryReport};
 use smartstore::recovery::{FailMode, Fault, Scheme};
 use smartstore::tpch;
 
@@ -45,6 +45,16 @@ pub struct SmartstoreArgs {
     /// SIGKILLed at the paper's point) for each device model.
     #[arg(long)]
     recovery: bool,
+    /// Run every node in a network namespace of its own, its link shaped to this rate by tc's
+    /// token-bucket filter (e.g. 1gbit, 100mbit; unlimited: own stack, no shaping), as if each
+    /// node were a host with a NIC of that speed. Needs root and iproute2 [default: all nodes on
+    /// loopback].
+    #[arg(long, value_parser = parse_link)]
+    link: Option<Link>,
+}
+
+fn parse_link(s: &str) -> Result<Link, String> {
+    Link::parse(s).map_err(|e| e.to_string())
 }
 
 /// One measured configuration.
@@ -120,7 +130,8 @@ pub fn run(args: SmartstoreArgs) -> anyhow::Result<ExitCode> {
     let sf = setup.sf;
     println!(
         "\nsmartstore, failure-free (scenario 0): sf {sf} ({total_rows} lineitems), {DATA_NODES} data nodes + mirror group ({DATA_NODES} nodes) or parity node, \
-         median of {runs} run(s); every answer checked against one DataFusion run"
+         {}, median of {runs} interleaved run(s); every answer checked against one DataFusion run",
+        setup.network()
     );
     print_breakdown(&rows);
     print_checkpoint_cost(&rows);
@@ -178,7 +189,7 @@ async fn measure_cluster(
     workloads: &[(&'static str, Query, bool, Codec)],
 ) -> anyhow::Result<(f64, Vec<Row>)> {
     let (layout, model) = (spec.layout, spec.model);
-    let mut c = Cluster::launch(spec, &Launcher::Process(setup.exe.clone()), work).await?;
+    let mut c = Cluster::launch(spec, &setup.launcher(), work).await?;
     let placed = c.place(setup.schema.clone(), &setup.batches).await?;
     let mut reports: Vec<Vec<QueryReport>> = workloads.iter().map(|_| Vec::new()).collect();
     for _ in 0..runs {
@@ -426,9 +437,28 @@ struct Setup {
     want_scan: String,
     /// Seconds Q1 took in one DataFusion process.
     single_s: f64,
+    /// Each node's link, when nodes have network stacks of their own.
+    link: Option<Link>,
 }
 
 impl Setup {
+    /// How the nodes are started: processes on loopback, or each in a
+    /// network namespace of its own on a shaped link.
+    fn launcher(&self) -> Launcher {
+        match self.link {
+            Some(l) => Launcher::Netns(self.exe.clone(), l),
+            None => Launcher::Process(self.exe.clone()),
+        }
+    }
+
+    /// How the nodes talk, for table headers and plot titles.
+    fn network(&self) -> String {
+        match self.link {
+            Some(l) => format!("each node in its own network namespace, {} links", l.name()),
+            None => "nodes on loopback".into(),
+        }
+    }
+
     /// The reference answer of `query`, as CSV.
     fn want(&self, query: Query) -> &str {
         if query == Query::Q1 {
@@ -467,6 +497,7 @@ impl Setup {
             want_q1,
             want_scan,
             single_s,
+            link: args.link,
         })
     }
 }
@@ -657,14 +688,15 @@ fn run_recovery(args: SmartstoreArgs) -> anyhow::Result<ExitCode> {
 
     let sf = setup.sf;
     println!(
-        "\nsmartstore recovery scenarios (paper section 4): sf {sf}, {DATA_NODES} data nodes, main {LOST} SIGKILLed \
-         (Scan: during its scan; Q1: just before Group-by+Aggregate+LocalSort), checkpoints on; every answer equals the failure-free one"
+        "\nsmartstore recovery scenarios (paper section 4): sf {sf}, {DATA_NODES} data nodes, {}, main {LOST} SIGKILLed \
+         (Scan: during its scan; Q1: just before Group-by+Aggregate+LocalSort), checkpoints on; every answer equals the failure-free one",
+        setup.network()
     );
     print_scenarios(&results);
     print_findings(&results);
     if !args.common.quick {
         for q in [Query::Scan, Query::Q1] {
-            plot_scenarios(&args.common.out, sf, q, &results)?;
+            plot_scenarios(&args.common.out, sf, q, &results, args.link)?;
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -686,7 +718,7 @@ fn scenario(setup: &Setup, model: DeviceModel, sc: Scenario) -> anyhow::Result<Q
         model,
     };
     let report = setup.rt.block_on(async {
-        let mut c = Cluster::launch(spec, &Launcher::Process(setup.exe.clone()), &work).await?;
+        let mut c = Cluster::launch(spec, &setup.launcher(), &work).await?;
         c.place(setup.schema.clone(), &setup.batches).await?;
         let fault = sc.scheme.map(|scheme| Fault {
             mid_checkpoint: false,
@@ -811,7 +843,13 @@ fn print_findings(results: &[Measured]) {
 
 /// The scenarios of query `q`: I/O, compute and communication stacked per
 /// scenario, a panel per device model.
-fn plot_scenarios(out: &Path, sf: f64, q: Query, results: &[Measured]) -> anyhow::Result<()> {
+fn plot_scenarios(
+    out: &Path,
+    sf: f64,
+    q: Query,
+    results: &[Measured],
+    link: Option<Link>,
+) -> anyhow::Result<()> {
     let panels = MODELS
         .iter()
         .map(|m| {
@@ -823,15 +861,17 @@ fn plot_scenarios(out: &Path, sf: f64, q: Query, results: &[Measured]) -> anyhow
             breakdown_panel(*m, categories, &sel, |r| &r.2)
         })
         .collect::<Vec<_>>();
-    let png = out.join(format!("smartstore-recovery-{}.png", q.name()));
+    let suffix = link.map_or(String::new(), |l| format!("-{}", l.name()));
+    let png = out.join(format!("smartstore-recovery-{}{suffix}.png", q.name()));
     let title = format!(
-        "{} recovery scenarios at sf {sf} (as the paper's Figures {})",
+        "{} recovery scenarios at sf {sf} (as the paper's Figures {}){}",
         if q == Query::Scan { "Scan" } else { "TPC-H Q1" },
         if q == Query::Scan {
             "8 and 10"
         } else {
             "9 and 11"
         },
+        link.map_or(String::new(), |l| format!(", {} node links", l.name())),
     );
     stacked_bar_png(&png, &title, &panels)?;
     println!("plot: {}", png.display());

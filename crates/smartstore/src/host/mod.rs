@@ -40,9 +40,12 @@ use crate::recovery::FailMode;
 use crate::redundancy::{column_groups, row_owner};
 use crate::wire::{CheckpointCmd, Stats};
 
+pub mod netns;
 mod query;
 mod recover;
 mod report;
+
+pub use netns::Link;
 
 pub use report::{CheckpointCost, Phase, QueryReport};
 // The plan-level types once lived here; their old paths stay.
@@ -64,6 +67,9 @@ pub enum Launcher {
     Process(PathBuf),
     /// As servers on threads of this process.
     InProcess,
+    /// As processes, each in a network namespace of its own on a link of
+    /// the given rate (see [`netns`]): "one node per host" on one machine.
+    Netns(PathBuf, Link),
 }
 
 #[derive(Debug)]
@@ -88,6 +94,8 @@ pub struct Cluster {
     /// Local nodes' directories, in role order (empty for remote nodes).
     pub dirs: Vec<PathBuf>,
     owned: Vec<Owned>,
+    /// The local nodes' network namespaces, if they have their own.
+    net: Option<netns::Network>,
     /// Called with a line of news while a query loses a node and recovers.
     pub progress: Option<Progress>,
     /// How checkpoints are encoded (see [`crate::codec`]).
@@ -193,10 +201,14 @@ impl Cluster {
         // Empty until the nodes have their ports: no transfers before.
         write_private(&files.members, "", true)?;
         let roles = spec.roles();
+        let net = match launcher {
+            Launcher::Netns(_, link) => Some(netns::Network::create(roles.len(), *link)?),
+            _ => None,
+        };
         let mut owned = Vec::new();
         let mut addrs = Vec::new();
         let mut dirs = Vec::new();
-        for role in &roles {
+        for (i, role) in roles.iter().enumerate() {
             let dir = work.join(role.replace(' ', "-"));
             let (o, addr) = match launcher {
                 Launcher::InProcess => {
@@ -210,7 +222,13 @@ impl Cluster {
                     (Owned::InProcess(n), a)
                 }
                 Launcher::Process(exe) => {
-                    let (child, a) = spawn_node(exe, &dir, spec.model, role, &files)?;
+                    let (child, a) = spawn_node(exe, &dir, spec.model, role, &files, None)?;
+                    (Owned::Process(child), a)
+                }
+                Launcher::Netns(exe, _) => {
+                    let net = net.as_ref().expect("created above");
+                    let at = Some((net.namespace(i), net.addr(Some(i))));
+                    let (child, a) = spawn_node(exe, &dir, spec.model, role, &files, at)?;
                     (Owned::Process(child), a)
                 }
             };
@@ -222,6 +240,7 @@ impl Cluster {
         let mut c = Cluster::connect_with(spec, &addrs, &Credentials::token(token)).await?;
         c.owned = owned;
         c.dirs = dirs;
+        c.net = net;
         Ok(c)
     }
 
@@ -273,6 +292,7 @@ impl Cluster {
             spare,
             dirs: Vec::new(),
             owned: Vec::new(),
+            net: None,
             progress: None,
             codec: Codec::default(),
             epoch: first_epoch(),
@@ -420,6 +440,8 @@ impl Cluster {
                 Owned::InProcess(n) => n.stop(),
             }
         }
+        // The nodes are gone: their namespaces, veths and bridge go too.
+        self.net = None;
     }
 }
 
@@ -442,12 +464,22 @@ fn spawn_node(
     model: DeviceModel,
     role: &str,
     files: &ClusterFiles,
+    netns: Option<(String, String)>,
 ) -> Result<(Child, String)> {
-    let mut child = Command::new(exe)
+    let (mut cmd, listen) = match &netns {
+        // `ip netns exec` execs the node: the child is the node itself.
+        Some((ns, addr)) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns]).arg(exe);
+            (c, format!("{addr}:0"))
+        }
+        None => (Command::new(exe), "127.0.0.1:0".to_string()),
+    };
+    let mut child = cmd
         .arg("node")
         .arg("--dir")
         .arg(dir)
-        .args(["--listen", "127.0.0.1:0", "--device-model", model.name()])
+        .args(["--listen", &listen, "--device-model", model.name()])
         .arg("--token-file")
         .arg(&files.token)
         .arg("--members-file")
