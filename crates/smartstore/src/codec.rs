@@ -142,26 +142,15 @@ where
     P: ArrowPrimitiveType,
     P::Native: Into<i64>,
     N: ArrowPrimitiveType,
-    N::Native: TryFrom<u64> + Default,
 {
-    // Values under a null are arbitrary: truncated like the rest.
+    // `usize_as` keeps the low bits, which hold the whole distance; values
+    // under a null are arbitrary and truncated like the rest.
     let values: ScalarBuffer<N::Native> = a
         .values()
         .iter()
-        .map(|&v| {
-            let d = (v.into().wrapping_sub(lo) as u64) & mask::<N>();
-            N::Native::try_from(d).unwrap_or_default()
-        })
+        .map(|&v| N::Native::usize_as(v.into().wrapping_sub(lo) as usize))
         .collect();
     Arc::new(PrimitiveArray::<N>::new(values, a.nulls().cloned()))
-}
-
-/// All ones in `N`'s width.
-fn mask<N: ArrowPrimitiveType>() -> u64 {
-    match N::Native::get_byte_width() {
-        8 => u64::MAX,
-        w => (1u64 << (8 * w)) - 1,
-    }
 }
 
 /// Narrows the blocks of one physical type `P`.

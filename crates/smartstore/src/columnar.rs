@@ -137,10 +137,12 @@ pub fn encode_into(
     segment(out, schema, &[])?;
     for (i, field) in schema.fields().iter().enumerate() {
         let blocks: Vec<ArrayRef> = batches.iter().map(|b| b.column(i).clone()).collect();
-        let (field, blocks) = match codec.narrows() {
-            true => codec::narrow(field, &blocks)?.unwrap_or((field.clone(), blocks)),
-            false => (field.clone(), blocks),
+        let narrowed = if codec.narrows() {
+            codec::narrow(field, &blocks)?
+        } else {
+            None
         };
+        let (field, blocks) = narrowed.unwrap_or((field.clone(), blocks));
         let one = Arc::new(Schema::new(vec![field]));
         let cols = blocks
             .into_iter()

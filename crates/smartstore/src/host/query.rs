@@ -172,10 +172,8 @@ impl Cluster {
     /// is in flight loses its node here: the others' checkpoints are under
     /// way, the lost node's never completes.
     fn start_checkpoint(&mut self, q: &mut InFlight, k: usize) -> Result<()> {
-        let victim = q
-            .fault
-            .filter(|f| f.mid_checkpoint && f.at == k + 1)
-            .map(|f| (f, q.workers.iter().position(|w| w.slot == Some(f.node))));
+        let victim = q.fault.filter(|f| f.mid_checkpoint && f.at == k + 1);
+        let victim_at = victim.and_then(|f| q.workers.iter().position(|w| w.slot == Some(f.node)));
         let calls: Vec<(NodeClient, CheckpointCmd)> = q
             .workers
             .iter()
@@ -190,9 +188,9 @@ impl Cluster {
         let mut tasks: Vec<Option<Task>> = calls
             .iter()
             .enumerate()
-            .map(|(i, c)| (victim.map(|v| v.1) != Some(Some(i))).then(|| spawn(c.clone())))
+            .map(|(i, c)| (victim_at != Some(i)).then(|| spawn(c.clone())))
             .collect();
-        if let Some((f, _)) = victim {
+        if let Some(f) = victim {
             self.progress(&format!(
                 "fault: losing main {} ({:?}) while its checkpoint of {} is in flight",
                 f.node, f.mode, q.labels[k]

@@ -58,11 +58,7 @@ impl Phase {
 
     /// A phase from each node's stats and the host's wall time.
     pub fn from_nodes(name: &str, wall_s: f64, nodes: &[(String, Stats)]) -> Phase {
-        let (critical, s) = nodes
-            .iter()
-            .max_by(|a, b| a.1.busy_s().total_cmp(&b.1.busy_s()))
-            .cloned()
-            .unwrap_or_default();
+        let (critical, s) = busiest(nodes);
         let measured = s.io_real_s + s.compute_s + s.comm_s;
         Phase {
             name: name.into(),
@@ -80,12 +76,7 @@ impl Phase {
     /// it started until it settled.
     pub fn checkpoint(name: &str, wall_s: f64, nodes: &[(String, Stats)]) -> Phase {
         let mut p = Phase::from_nodes(name, wall_s, nodes);
-        let busiest = nodes
-            .iter()
-            .map(|n| &n.1)
-            .max_by(|a, b| a.busy_s().total_cmp(&b.busy_s()))
-            .copied()
-            .unwrap_or_default();
+        let (_, busiest) = busiest(nodes);
         p.background = true;
         p.checkpoint = Some(CheckpointCost {
             encode_s: busiest.encode_s,
@@ -97,6 +88,15 @@ impl Phase {
         });
         p
     }
+}
+
+/// The node that was busy longest, and its stats (none: defaults).
+fn busiest(nodes: &[(String, Stats)]) -> (String, Stats) {
+    nodes
+        .iter()
+        .max_by(|a, b| a.1.busy_s().total_cmp(&b.1.busy_s()))
+        .cloned()
+        .unwrap_or_default()
 }
 
 /// A query's answer and where its time went.

@@ -109,6 +109,7 @@ impl Node {
         stats.io_s += remote.io_s;
         stats.io_real_s += remote.io_real_s;
         stats.fold_s += remote.fold_s;
+        stats.compute_s += remote.fold_s;
         stats.bytes_moved += file.len() as u64;
         Ok(stats)
     }
@@ -343,7 +344,9 @@ impl Node {
                     }
                     let t = Instant::now();
                     p.block.add(*member, &bytes);
-                    stats.fold_s += t.elapsed().as_secs_f64();
+                    let fold = t.elapsed().as_secs_f64();
+                    stats.fold_s += fold;
+                    stats.compute_s += fold;
                     p.arrived[*member] = true;
                     if p.arrived.iter().all(|a| *a) {
                         inner.parity.remove(name).map(|p| p.block)
