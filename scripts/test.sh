@@ -95,6 +95,7 @@ cargo run --release --quiet -- bench device-faults --quick
 cargo run --release --quiet -- bench badpath --quick
 cargo run --release --quiet -- bench output-commit --quick
 cargo run --release --quiet -- bench smartstore --quick
+cargo run --release --quiet -- bench smartstore --scale --quick
 cargo run --release --quiet -- bench smartstore --recovery --quick
 # Smart storage at scale factor 1: Q1 on 4 node processes must equal a
 # single-process DataFusion run and the TPC-H reference answer.

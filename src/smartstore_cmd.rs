@@ -390,6 +390,43 @@ fn plan(args: &QueryArgs) -> anyhow::Result<(Query, ClusterSpec, Option<Fault>)>
 }
 
 /// Runs `rebound query`.
+/// Generates `lineitem` and places it on the cluster as a stream of row
+/// blocks: neither this process nor a node holds it whole.
+async fn place(
+    cluster: &mut smartstore::host::Cluster,
+    args: &QueryArgs,
+    spec: smartstore::host::ClusterSpec,
+    note: &impl Fn(String),
+) -> anyhow::Result<()> {
+    let (schema, blocks) = tpch::lineitem_blocks(args.sf)?;
+    let bar = rows_progress(args.sf, args.quiet, "generating and placing lineitem");
+    let rows = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counted = {
+        let (bar, rows) = (bar.clone(), rows.clone());
+        blocks.inspect(move |b| {
+            if let Ok(b) = b {
+                bar.inc(b.num_rows() as u64);
+                rows.fetch_add(b.num_rows() as u64, std::sync::atomic::Ordering::Relaxed);
+            }
+        })
+    };
+    let placed = cluster
+        .place_stream(schema, smartstore::host::blocking_source(counted))
+        .await?;
+    bar.finish_and_clear();
+    note(format!(
+        "generated lineitem at sf {} ({} rows) and placed it on {} data nodes + {}: {placed:.2} s",
+        args.sf,
+        rows.load(std::sync::atomic::Ordering::Relaxed),
+        spec.nodes,
+        match spec.layout {
+            Layout::Mirror => format!("{} mirror nodes (column-wise)", spec.nodes),
+            Layout::Parity => "1 parity node".to_string(),
+        }
+    ));
+    Ok(())
+}
+
 pub fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
     let (query, spec, fault) = plan(&args)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -410,29 +447,13 @@ pub fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
                 eprintln!("{s}");
             }
         };
-        let t = std::time::Instant::now();
-        let (schema, batches) = tpch::lineitem(args.sf)?;
-        let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
-        note(format!(
-            "generated lineitem at sf {}: {rows} rows in {:.2} s",
-            args.sf,
-            t.elapsed().as_secs_f64()
-        ));
         let mut cluster = start_or_connect(&args, spec, &work).await?;
         cluster.codec = args.checkpoint_codec;
         let spinner = indicatif::ProgressBar::new_spinner();
         if fault.is_some() && !args.quiet {
             cluster.progress = Some(recovery_progress(&spinner));
         }
-        let placed = cluster.place(schema.clone(), &batches).await?;
-        note(format!(
-            "placed on {} data nodes + {}: {placed:.2} s",
-            spec.nodes,
-            match spec.layout {
-                Layout::Mirror => format!("{} mirror nodes (column-wise)", spec.nodes),
-                Layout::Parity => "1 parity node".to_string(),
-            }
-        ));
+        place(&mut cluster, &args, spec, &note).await?;
         let report = cluster
             .run_query_with(query, args.checkpoint == OnOff::On, fault)
             .await;
@@ -462,7 +483,7 @@ pub fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
         ));
         print_result(&report, args.format)?;
         if args.verify {
-            verify(query, args.sf, schema, batches, &report, &note).await?;
+            verify(query, args.sf, &report, &note).await?;
         }
         Ok(ExitCode::SUCCESS)
     })
@@ -525,18 +546,43 @@ fn recovery_progress(spinner: &indicatif::ProgressBar) -> Progress {
 
 /// `--verify`: the distributed answer equals a single-process DataFusion
 /// run, and at scale factor 1 the TPC-H reference answer of Q1.
+/// A progress bar over the estimated rows of `lineitem` at `sf` (hidden
+/// when `quiet` or when stderr is not a terminal).
+fn rows_progress(sf: f64, quiet: bool, what: &str) -> indicatif::ProgressBar {
+    let bar = if quiet {
+        indicatif::ProgressBar::hidden()
+    } else {
+        indicatif::ProgressBar::new(tpch::lineitem_rows_estimate(sf))
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{msg}: {human_pos}/~{human_len} rows {bar:30} {elapsed}",
+        )
+        .expect("template"),
+    );
+    bar.set_message(what.to_string());
+    bar
+}
+
 async fn verify(
     query: Query,
     sf: f64,
-    schema: arrow::datatypes::SchemaRef,
-    batches: Vec<arrow::record_batch::RecordBatch>,
     report: &smartstore::host::QueryReport,
     note: &impl Fn(String),
 ) -> anyhow::Result<()> {
+    // The reference regenerates the table and runs over it as it comes.
+    let (schema, blocks) = tpch::lineitem_blocks(sf)?;
+    let bar = rows_progress(sf, false, "verifying against a single-process run");
+    let blocks = blocks.inspect(|b| {
+        if let Ok(b) = b {
+            bar.inc(b.num_rows() as u64);
+        }
+    });
     let want = match query {
-        Query::Q1 => vec![tpch::q1_single(schema, batches).await?],
-        Query::Scan => tpch::scan_single(schema, batches).await?,
+        Query::Q1 => vec![tpch::q1_streamed(schema, blocks).await?],
+        Query::Scan => tpch::scan_streamed(schema, blocks).await?,
     };
+    bar.finish_and_clear();
     if tpch::to_csv(&want)? != tpch::to_csv(&report.result)? {
         anyhow::bail!("the distributed answer differs from a single-process DataFusion run");
     }

@@ -26,7 +26,8 @@
 //!   on its own.
 //! - **The put limit** ([`DEFAULT_MAX_PUT_BYTES`]): a put whose messages
 //!   add up to more is refused while it streams, at the first message past
-//!   the limit, so a node never buffers more than that for one put.
+//!   the limit, so a node never buffers (or, for base data, which streams
+//!   to the device, writes) more than that for one put.
 //!
 //! ## TLS certificates
 //!
@@ -60,9 +61,13 @@ use tonic::{Request, Status};
 
 use crate::error::{Error, Result};
 
-/// The default limit on the bytes of one put: 1 GiB, well above a node's
-/// share of `lineitem` at scale factor 10 (about 300 MB for 4 nodes),
-/// below what a small node can hold twice.
+/// The default limit on the bytes of one put: 1 GiB, above a node's share
+/// of `lineitem` at scale factor 5 on 4 nodes, below what a small node can
+/// hold twice. Base data streams to the device as it arrives; other puts
+/// (checkpoint copies, parity members, redistributed rows) are held in
+/// memory until complete, which is what the limit bounds first. A host
+/// that starts its own nodes gives them room for scale factor 10
+/// ([`crate::host::LOCAL_MAX_PUT_BYTES`]).
 pub const DEFAULT_MAX_PUT_BYTES: u64 = 1 << 30;
 
 /// The shortest token accepted, in characters (a guessable token is no

@@ -5,7 +5,10 @@
 //! [`crate::wire`]'s messages. Every error names the node, and a node that
 //! does not answer is reported lost, the fault section 3 recovers from.
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use parking_lot::Mutex;
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
@@ -19,8 +22,8 @@ use crate::access::{BearerToken, Credentials};
 use crate::error::{Error, Result};
 use crate::plan::Fragment;
 use crate::wire::{
-    CheckpointCmd, FLOW_WINDOW, GetCmd, MAX_MESSAGE, PutCmd, RAW_CHUNK, RebuildCmd, ScatterCmd,
-    Stats, flight_encode,
+    CheckpointCmd, FLOW_WINDOW, GetCmd, MAX_MESSAGE, PUT_END, PutCmd, RAW_CHUNK, RebuildCmd,
+    ScatterCmd, Stats, flight_encode, flight_encode_stream,
 };
 
 /// How long connecting to a node may take before it counts as unreachable.
@@ -166,9 +169,16 @@ impl NodeClient {
     }
 
     async fn put(&mut self, messages: Vec<FlightData>) -> Result<Stats> {
+        self.put_stream(futures::stream::iter(messages)).await
+    }
+
+    async fn put_stream(
+        &mut self,
+        messages: impl futures::Stream<Item = FlightData> + Send + 'static,
+    ) -> Result<Stats> {
         let mut results = self
             .inner
-            .do_put(futures::stream::iter(messages))
+            .do_put(messages)
             .await
             .map_err(|s| self.status(s))?
             .into_inner();
@@ -179,6 +189,14 @@ impl NodeClient {
             .ok_or_else(|| self.err("do_put: no result"))?;
         serde_json::from_slice(&r.app_metadata)
             .map_err(|e| self.err(format!("do_put: malformed stats: {e}")))
+    }
+
+    /// The message that ends a table put (see [`PUT_END`]).
+    fn put_end() -> FlightData {
+        FlightData {
+            app_metadata: PUT_END.into(),
+            ..Default::default()
+        }
     }
 
     /// Stores a table.
@@ -206,12 +224,53 @@ impl NodeClient {
         schema: SchemaRef,
         batches: Vec<RecordBatch>,
     ) -> Result<Stats> {
-        let messages: Vec<FlightData> =
+        let mut messages: Vec<FlightData> =
             flight_encode(schema, batches, Some(Self::descriptor(&cmd)))
                 .try_collect()
                 .await
                 .map_err(|e| self.err(e))?;
+        messages.push(Self::put_end());
         self.put(messages).await
+    }
+
+    /// Stores a table whose batches arrive as a stream, sending each as it
+    /// comes (the node writes it as it arrives: neither side holds the
+    /// table). An error in the stream ends the put without its end marker,
+    /// so the node stores nothing, and is the error returned.
+    pub async fn put_table_stream(
+        &mut self,
+        cmd: PutCmd,
+        schema: SchemaRef,
+        batches: impl futures::Stream<Item = Result<RecordBatch>> + Send + 'static,
+    ) -> Result<Stats> {
+        let failed: Arc<Mutex<Option<String>>> = Arc::default();
+        let (f1, f2) = (failed.clone(), failed.clone());
+        let batches = batches
+            .take_while(move |r| {
+                if let Err(e) = r {
+                    *f1.lock() = Some(e.to_string());
+                }
+                futures::future::ready(r.is_ok())
+            })
+            .filter_map(|r| futures::future::ready(r.ok()));
+        let messages = flight_encode_stream(schema, batches, Some(Self::descriptor(&cmd)))
+            .take_while(move |r| {
+                if let Err(e) = r {
+                    *f2.lock() = Some(e.to_string());
+                }
+                futures::future::ready(r.is_ok())
+            })
+            .filter_map(|r| futures::future::ready(r.ok()));
+        let end_if_whole = {
+            let failed = failed.clone();
+            futures::stream::once(async move { failed.lock().is_none().then(Self::put_end) })
+                .filter_map(futures::future::ready)
+        };
+        let result = self.put_stream(messages.chain(end_if_whole)).await;
+        if let Some(e) = failed.lock().take() {
+            return Err(self.err(format!("put of a table cut short: {e}")));
+        }
+        result
     }
 
     /// Sends raw bytes (an object file or a parity member).

@@ -49,6 +49,9 @@ use crate::codec::{self, Codec};
 use crate::error::{Error, Result};
 use crate::object;
 
+mod writer;
+pub use writer::TableWriter;
+
 /// Bytes of one directory entry.
 const ENTRY_LEN: usize = 24;
 /// Bytes before the directory.

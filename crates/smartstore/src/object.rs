@@ -131,13 +131,20 @@ pub fn build(kind: Kind, fill: impl FnOnce(&mut Vec<u8>) -> Result<()>) -> Resul
 /// reserved bytes in `file`.
 fn seal(kind: Kind, file: &mut [u8]) {
     let (head, payload) = file.split_at_mut(HEADER_LEN);
+    head.copy_from_slice(&header(kind, payload.len() as u64, crc32c::crc32c(payload)));
+}
+
+/// The header of an object whose payload is `len` bytes with checksum
+/// `crc`: for writers that stream the payload and fill the header last.
+pub fn header(kind: Kind, len: u64, crc: u32) -> [u8; HEADER_LEN] {
+    let mut head = [0u8; HEADER_LEN];
     head[..8].copy_from_slice(MAGIC);
     head[8] = kind as u8;
-    head[9..16].fill(0);
-    head[16..24].copy_from_slice(&(payload.len() as u64).to_le_bytes());
-    head[24..28].copy_from_slice(&crc32c::crc32c(payload).to_le_bytes());
+    head[16..24].copy_from_slice(&len.to_le_bytes());
+    head[24..28].copy_from_slice(&crc.to_le_bytes());
     let header_crc = crc32c::crc32c(&head[..28]);
     head[28..32].copy_from_slice(&header_crc.to_le_bytes());
+    head
 }
 
 /// Writes a complete object file to `path`.

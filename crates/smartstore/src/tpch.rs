@@ -68,21 +68,41 @@ pub fn storage_types(batch: &RecordBatch) -> Result<RecordBatch> {
 /// Generates `lineitem` at scale factor `sf`, one batch per row block of
 /// [`BLOCK_ROWS`] rows, in the [`storage_types`].
 pub fn lineitem(sf: f64) -> Result<(SchemaRef, Vec<RecordBatch>)> {
-    check_sf(sf)?;
-    let generator = tpchgen::generators::LineItemGenerator::new(sf, 1, 1);
-    let batches = tpchgen_arrow::LineItemArrow::new(generator)
-        .with_batch_size(BLOCK_ROWS)
-        .map(|b| storage_types(&b?))
-        .collect::<Result<Vec<_>>>()?;
-    let schema = match batches.first() {
-        Some(b) => b.schema(),
-        None => {
-            return Err(Error::Invalid(format!(
-                "scale factor {sf} generates no rows"
-            )));
-        }
-    };
+    let (schema, blocks) = lineitem_blocks(sf)?;
+    let batches = blocks.collect::<Result<Vec<_>>>()?;
+    if batches.is_empty() {
+        return Err(Error::Invalid(format!(
+            "scale factor {sf} generates no rows"
+        )));
+    }
     Ok((schema, batches))
+}
+
+/// `lineitem` at scale factor `sf` as it is generated, one row block at a
+/// time (the same blocks as [`lineitem`]): a table of any scale factor
+/// in the memory of one block. The schema is known before the first.
+pub fn lineitem_blocks(
+    sf: f64,
+) -> Result<(
+    SchemaRef,
+    impl Iterator<Item = Result<RecordBatch>> + Send + 'static,
+)> {
+    check_sf(sf)?;
+    let schema = storage_types(&RecordBatch::new_empty(
+        tpchgen_arrow::LineItemArrow::schema_ref(),
+    ))?
+    .schema();
+    let generator = tpchgen::generators::LineItemGenerator::new(sf, 1, 1);
+    let blocks = tpchgen_arrow::LineItemArrow::new(generator)
+        .with_batch_size(BLOCK_ROWS)
+        .map(|b| storage_types(&b?));
+    Ok((schema, blocks))
+}
+
+/// About how many rows `lineitem` has at scale factor `sf` (its count at
+/// scale factor 1, scaled): an estimate for progress bars, not a count.
+pub fn lineitem_rows_estimate(sf: f64) -> u64 {
+    (6_001_215.0 * sf) as u64
 }
 
 /// The Scan workload's primitive: every column of the lineitems shipped in
@@ -299,6 +319,62 @@ pub async fn q1_single(schema: SchemaRef, batches: Vec<RecordBatch>) -> Result<R
     build_q1(&m, decs.try_into().expect("7 columns"))
 }
 
+/// Row blocks a streamed reference run works on at once (about a million
+/// rows).
+const REFERENCE_CHUNK: usize = 64;
+
+/// Q1 in one process over a table that arrives as a stream of row blocks,
+/// in the memory of [`REFERENCE_CHUNK`] of them: each chunk is filtered by
+/// Q1's Scan and hash-aggregated by DataFusion into partial sums (no Sort,
+/// no nodes), and the partials are merged as the host merges the nodes'.
+/// The reference at scale factors too large for [`q1_single`].
+pub async fn q1_streamed(
+    schema: SchemaRef,
+    blocks: impl Iterator<Item = Result<RecordBatch>>,
+) -> Result<RecordBatch> {
+    let [scan, _, bundle] = q1_primitives();
+    let mut partials = Vec::new();
+    let mut partial_schema = None;
+    let mut chunk = Vec::with_capacity(REFERENCE_CHUNK);
+    let mut blocks = blocks.peekable();
+    while blocks.peek().is_some() {
+        chunk.clear();
+        for b in blocks.by_ref().take(REFERENCE_CHUNK) {
+            chunk.push(b?);
+        }
+        let (s, scanned) = ops::run(&scan, schema.clone(), std::mem::take(&mut chunk)).await?;
+        let (ps, part) = ops::run(&bundle, s, scanned).await?;
+        partial_schema = Some(ps);
+        partials.extend(part);
+    }
+    let Some(ps) = partial_schema else {
+        return Err(Error::Invalid("no rows to run Q1 over".into()));
+    };
+    q1_merge(ps, partials).await
+}
+
+/// The Scan workload in one process over a streamed table (see
+/// [`q1_streamed`]), rows ordered by `(l_orderkey, l_linenumber)`.
+pub async fn scan_streamed(
+    schema: SchemaRef,
+    blocks: impl Iterator<Item = Result<RecordBatch>>,
+) -> Result<Vec<RecordBatch>> {
+    let scan = scan_primitive();
+    let mut rows = Vec::new();
+    let mut out_schema = schema.clone();
+    let mut blocks = blocks.peekable();
+    while blocks.peek().is_some() {
+        let chunk = blocks
+            .by_ref()
+            .take(REFERENCE_CHUNK)
+            .collect::<Result<Vec<_>>>()?;
+        let (s, scanned) = ops::run(&scan, schema.clone(), chunk).await?;
+        out_schema = s;
+        rows.extend(scanned);
+    }
+    order_scan(out_schema, rows).await
+}
+
 /// Q1's answer batch: the group keys and `count_order` from `groups`, the
 /// seven rounded decimal columns given.
 fn build_q1(groups: &RecordBatch, decs: [ArrayRef; 7]) -> Result<RecordBatch> {
@@ -425,6 +501,44 @@ pub async fn order_scan(schema: SchemaRef, rows: Vec<RecordBatch>) -> Result<Vec
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_streamed_references_equal_the_whole_table_runs() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let sf = 0.02;
+        let (schema, batches) = lineitem(sf).unwrap();
+        let (s, blocks) = lineitem_blocks(sf).unwrap();
+        assert_eq!(s, schema);
+        let streamed = rt.block_on(q1_streamed(s, blocks)).unwrap();
+        let whole = rt
+            .block_on(q1_single(schema.clone(), batches.clone()))
+            .unwrap();
+        assert_eq!(to_csv(&[streamed]).unwrap(), to_csv(&[whole]).unwrap());
+        let (s, blocks) = lineitem_blocks(sf).unwrap();
+        let streamed = rt.block_on(scan_streamed(s, blocks)).unwrap();
+        let whole = rt.block_on(scan_single(schema, batches)).unwrap();
+        assert_eq!(to_csv(&streamed).unwrap(), to_csv(&whole).unwrap());
+    }
+
+    #[test]
+    fn q1s_bundle_over_its_sorted_input_equals_the_hash_aggregate() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let (schema, batches) = lineitem(0.02).unwrap();
+        let [scan, sort, bundle] = q1_primitives();
+        let (s, scanned) = rt.block_on(ops::run(&scan, schema, batches)).unwrap();
+        // Unsorted input has short runs: DataFusion's hash aggregate.
+        let (_, hashed) = rt
+            .block_on(ops::run(&bundle, s.clone(), scanned.clone()))
+            .unwrap();
+        let (s, sorted) = rt.block_on(ops::run(&sort, s, scanned)).unwrap();
+        // Sorted input: groups by runs, sums by exact integer arithmetic.
+        let (_, by_runs) = rt.block_on(ops::run(&bundle, s, sorted)).unwrap();
+        assert_eq!(by_runs, hashed);
+    }
 
     #[test]
     fn scale_factors_out_of_range_are_refused() {

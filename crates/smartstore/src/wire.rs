@@ -22,7 +22,10 @@
 //! | `do_action "ping"` | none | answers the node's directory and device model |
 //!
 //! Raw bytes travel in `FlightData.data_body`, 1 MiB per message, with an
-//! empty `data_header`. Every action answers one JSON [`Stats`].
+//! empty `data_header`. A table put ends with one more message: an empty
+//! `data_header` and `app_metadata` [`PUT_END`]; a node stores nothing from
+//! a table put whose stream ends without it (a sender that failed midway).
+//! Every action answers one JSON [`Stats`].
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
@@ -32,6 +35,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::batch::compact;
 use crate::codec::Codec;
+
+/// The `app_metadata` of the message that ends a table put.
+pub const PUT_END: &[u8] = b"rebound.put.end";
 
 /// Raw bytes per Flight message.
 pub const RAW_CHUNK: usize = 1 << 20;
@@ -247,12 +253,21 @@ pub fn flight_encode(
     batches: Vec<RecordBatch>,
     descriptor: Option<FlightDescriptor>,
 ) -> FlightDataEncoder {
+    flight_encode_stream(schema, futures::stream::iter(batches), descriptor)
+}
+
+/// [`flight_encode`] over batches that arrive as a stream (a table placed
+/// as it is generated).
+pub fn flight_encode_stream(
+    schema: SchemaRef,
+    batches: impl futures::Stream<Item = RecordBatch> + Send + 'static,
+    descriptor: Option<FlightDescriptor>,
+) -> FlightDataEncoder {
+    use futures::StreamExt;
     FlightDataEncoderBuilder::new()
         .with_schema(schema)
         .with_max_flight_data_size(MAX_BATCH_MESSAGE)
         .with_dictionary_handling(DictionaryHandling::Resend)
         .with_flight_descriptor(descriptor)
-        .build(futures::stream::iter(
-            batches.into_iter().map(|b| Ok(compact(b)?)),
-        ))
+        .build(batches.map(|b| Ok(compact(b)?)))
 }

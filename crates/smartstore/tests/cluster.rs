@@ -946,3 +946,112 @@ fn mutual_tls_nodes_serve_only_clients_with_a_certificate_of_the_cluster_ca() {
         c.ping().await.unwrap();
     });
 }
+
+#[test]
+fn a_table_put_cut_short_stores_nothing_and_the_older_table_stays() {
+    use smartstore::access::{Credentials, Token, write_private};
+    use smartstore::client::NodeClient;
+    use smartstore::node::PutCmd;
+    let rt = rt();
+    rt.block_on(async {
+        let work = tempfile::tempdir().unwrap();
+        let token = Token::generate(&work.path().join("token")).unwrap();
+        let members = work.path().join("members");
+        write_private(&members, "", true).unwrap();
+        let n = guarded_node(&work.path().join("n"), &token, &members, 1 << 30);
+        let mut c = NodeClient::connect_with(&n.addr, "main 0", &Credentials::token(token))
+            .await
+            .unwrap();
+        let (schema, batches) = tpch::lineitem(SF).unwrap();
+        // Row blocks of 5,000 rows: a dozen.
+        let batches: Vec<_> = batches
+            .iter()
+            .flat_map(|b| {
+                (0..b.num_rows())
+                    .step_by(5000)
+                    .map(move |at| b.slice(at, 5000.min(b.num_rows() - at)))
+            })
+            .collect();
+        c.put_table("lineitem", schema.clone(), batches[..2].to_vec())
+            .await
+            .unwrap();
+        let before = contents(&work.path().join("n"));
+        // A sender whose source fails midway: its stream ends without the
+        // end marker.
+        let blocks = futures::stream::iter(vec![
+            Ok(batches[2].clone()),
+            Ok(batches[3].clone()),
+            Err(smartstore::error::Error::Invalid(
+                "the generator failed".into(),
+            )),
+            Ok(batches[4].clone()),
+        ]);
+        let put = PutCmd::Table {
+            name: "lineitem".into(),
+            sync: true,
+        };
+        let e = c
+            .put_table_stream(put, schema.clone(), blocks)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("cut short") && e.contains("the generator failed"),
+            "{e}"
+        );
+        let (_, back) = c.get_table("lineitem", None, None).await.unwrap();
+        assert_eq!(back, batches[..2].to_vec(), "the older table is intact");
+        assert_eq!(
+            contents(&work.path().join("n")),
+            before,
+            "no spool or temporary file left behind"
+        );
+        // A whole streamed put lands, and reads back block for block.
+        let put = PutCmd::Table {
+            name: "lineitem".into(),
+            sync: true,
+        };
+        let all: Vec<_> = batches.iter().cloned().map(Ok).collect();
+        c.put_table_stream(put, schema, futures::stream::iter(all))
+            .await
+            .unwrap();
+        let (_, back) = c.get_table("lineitem", None, None).await.unwrap();
+        assert_eq!(back, batches);
+    });
+}
+
+#[test]
+fn a_placement_whose_source_fails_is_an_error_and_the_next_one_answers_exactly() {
+    let rt = rt();
+    rt.block_on(async {
+        let (schema, batches) = tpch::lineitem(SF).unwrap();
+        let want = tpch::to_csv(&[tpch::q1_single(schema.clone(), batches.clone())
+            .await
+            .unwrap()])
+        .unwrap();
+        for layout in [Layout::Mirror, Layout::Parity] {
+            let work = tempfile::tempdir().unwrap();
+            let mut c = Cluster::launch(spec(layout, false), &Launcher::InProcess, work.path())
+                .await
+                .unwrap();
+            let mut failing: Vec<_> = batches[..3].iter().cloned().map(Ok).collect();
+            failing.push(Err(smartstore::error::Error::Invalid(
+                "generator stopped".into(),
+            )));
+            let e = c
+                .place_stream(schema.clone(), futures::stream::iter(failing))
+                .await
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("generator stopped"), "{}: {e}", layout.name());
+            // The table as a generator hands it over, block by block.
+            let (s, blocks) = tpch::lineitem_blocks(SF).unwrap();
+            c.place_stream(s, smartstore::host::blocking_source(blocks))
+                .await
+                .unwrap();
+            let r = c.run_query(Query::Q1, true).await.unwrap();
+            assert_eq!(tpch::to_csv(&r.result).unwrap(), want, "{}", layout.name());
+            c.shutdown();
+        }
+    });
+}

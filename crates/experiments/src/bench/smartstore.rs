@@ -51,7 +51,13 @@ pub struct SmartstoreArgs {
     /// loopback].
     #[arg(long, value_parser = parse_link)]
     link: Option<Link>,
+    /// Q1 at scale factor 10 instead (--sf to change it): the table generated and placed as a
+    /// stream, 4 + 4 nodes, checkpoints off, against DuckDB from Parquet in interleaved rounds.
+    #[arg(long, conflicts_with = "recovery")]
+    scale: bool,
 }
+
+mod scale;
 
 fn parse_link(s: &str) -> Result<Link, String> {
     Link::parse(s).map_err(|e| e.to_string())
@@ -111,6 +117,9 @@ type Placement = (Layout, DeviceModel, f64);
 pub fn run(args: SmartstoreArgs) -> anyhow::Result<ExitCode> {
     if args.recovery {
         return run_recovery(args);
+    }
+    if args.scale {
+        return scale::run(&args);
     }
     let quick = args.common.quick;
     let runs = args.runs.unwrap_or(if quick { 1 } else { 3 });
@@ -518,19 +527,8 @@ fn references(
     })
 }
 
-/// DuckDB's result.
-struct Duck {
-    median_s: f64,
-    threads: u64,
-}
-
-fn duckdb_q1(
-    dir: &Path,
-    schema: &arrow::datatypes::SchemaRef,
-    batches: &[arrow::record_batch::RecordBatch],
-    runs: u32,
-) -> anyhow::Result<Duck> {
-    let script = super::repo_file("bench/duckdb_q1.py")?;
+/// Installs the DuckDB peer (Python packages) when missing.
+fn ensure_duckdb() -> anyhow::Result<()> {
     let ok = Command::new("python3")
         .args(["-c", "import duckdb, pyarrow"])
         .status()
@@ -546,6 +544,23 @@ fn duckdb_q1(
             "pip install duckdb pyarrow failed: the peer is required"
         );
     }
+    Ok(())
+}
+
+/// DuckDB's result.
+struct Duck {
+    median_s: f64,
+    threads: u64,
+}
+
+fn duckdb_q1(
+    dir: &Path,
+    schema: &arrow::datatypes::SchemaRef,
+    batches: &[arrow::record_batch::RecordBatch],
+    runs: u32,
+) -> anyhow::Result<Duck> {
+    let script = super::repo_file("bench/duckdb_q1.py")?;
+    ensure_duckdb()?;
     let ipc = dir.join("lineitem.arrows");
     // DuckDB reads the same rows in the plain types (it keeps DECIMAL(15,2)
     // in 64 bits itself).

@@ -38,7 +38,7 @@ use crate::node::InProcessNode;
 use crate::plan::{Fragment, Primitive};
 use crate::recovery::FailMode;
 use crate::redundancy::{column_groups, row_owner};
-use crate::wire::{CheckpointCmd, Stats};
+use crate::wire::{CheckpointCmd, PutCmd, Stats};
 
 pub mod netns;
 mod query;
@@ -215,6 +215,7 @@ impl Cluster {
                     let access = NodeAccess {
                         token: Some(token.clone()),
                         members: Some(Members::File(files.members.clone())),
+                        max_put_bytes: LOCAL_MAX_PUT_BYTES,
                         ..NodeAccess::default()
                     };
                     let n = InProcessNode::start_with(&dir, spec.model, access)?;
@@ -303,34 +304,92 @@ impl Cluster {
     /// column-wise copy on the mirror group, or the partitions' parity on
     /// the parity node. Returns the wall time.
     pub async fn place(&mut self, schema: SchemaRef, batches: &[RecordBatch]) -> Result<f64> {
+        let blocks: Vec<Result<RecordBatch>> = batches.iter().cloned().map(Ok).collect();
+        self.place_stream(schema, futures::stream::iter(blocks))
+            .await
+    }
+
+    /// [`Cluster::place`] for a table that arrives as a stream of row
+    /// blocks in order (see [`blocking_source`]): each block goes to its
+    /// main node, and its column groups to the mirror nodes, as it comes,
+    /// and every node writes it as it arrives, so neither the host nor a
+    /// node ever holds the table (scale factor 10 is 60 million rows). The
+    /// parity layout folds the partitions once they are all placed. An
+    /// error in the stream fails the placement, and a node stores nothing
+    /// of a put cut short.
+    pub async fn place_stream(
+        &mut self,
+        schema: SchemaRef,
+        blocks: impl futures::Stream<Item = Result<RecordBatch>> + Unpin,
+    ) -> Result<f64> {
+        use futures::StreamExt;
         let t = Instant::now();
         let n = self.spec.nodes;
-        let mut parts: Vec<Vec<RecordBatch>> = vec![Vec::new(); n];
-        for (b, batch) in batches.iter().enumerate() {
-            parts[row_owner(b, n)].push(batch.clone());
+        let groups: Vec<Vec<usize>> = match self.spec.layout {
+            Layout::Mirror => column_groups(schema.fields().len(), n)
+                .into_iter()
+                .map(|g| g.collect())
+                .collect(),
+            Layout::Parity => Vec::new(),
+        };
+        /// Row blocks a put may have queued ahead of its node.
+        const QUEUED: usize = 4;
+        let mut to_main = Vec::with_capacity(n);
+        let mut to_mirror = Vec::with_capacity(groups.len());
+        let mut puts = Vec::new();
+        for c in self.main.iter_mut() {
+            let (tx, rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(QUEUED);
+            to_main.push(tx);
+            let put = PutCmd::Table {
+                name: names::LINEITEM.into(),
+                sync: true,
+            };
+            puts.push(c.put_table_stream(put, schema.clone(), receiver_stream(rx)));
         }
-        let puts = self.main.iter_mut().zip(parts).map(|(c, part)| {
-            let schema = schema.clone();
-            async move { c.put_table(names::LINEITEM, schema, part).await }
-        });
-        futures::future::try_join_all(puts).await?;
-        match self.spec.layout {
-            Layout::Mirror => {
-                let groups = column_groups(schema.fields().len(), n);
-                let puts = self.mirror.iter_mut().zip(groups).map(|(c, g)| {
-                    let cols: Vec<usize> = g.collect();
-                    let s = std::sync::Arc::new(schema.project(&cols).expect("columns in range"));
-                    let b: Vec<RecordBatch> = batches
-                        .iter()
-                        .map(|b| b.project(&cols).expect("columns in range"))
-                        .collect();
-                    async move { c.put_table(names::LINEITEM_COLS, s, b).await }
-                });
-                futures::future::try_join_all(puts).await?;
+        for (c, cols) in self.mirror.iter_mut().zip(&groups) {
+            let (tx, rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(QUEUED);
+            to_mirror.push(tx);
+            let put = PutCmd::Table {
+                name: names::LINEITEM_COLS.into(),
+                sync: true,
+            };
+            let s = std::sync::Arc::new(schema.project(cols).expect("columns in range"));
+            puts.push(c.put_table_stream(put, s, receiver_stream(rx)));
+        }
+        let feed = async move {
+            let mut blocks = blocks;
+            let mut b = 0usize;
+            while let Some(block) = blocks.next().await {
+                let block = match block {
+                    Ok(block) => block,
+                    Err(e) => {
+                        // Every put ends without its end marker.
+                        let why = e.to_string();
+                        for tx in to_main.iter().chain(&to_mirror) {
+                            let _ = tx.send(Err(Error::Invalid(why.clone()))).await;
+                        }
+                        return Err(e);
+                    }
+                };
+                for (tx, cols) in to_mirror.iter().zip(&groups) {
+                    // A closed channel is a failed put: its error is the one
+                    // reported.
+                    if tx.send(Ok(block.project(cols)?)).await.is_err() {
+                        return Ok(());
+                    }
+                }
+                if to_main[row_owner(b, n)].send(Ok(block)).await.is_err() {
+                    return Ok(());
+                }
+                b += 1;
             }
-            Layout::Parity => {
-                self.checkpoint_all(names::LINEITEM).await?;
-            }
+            Ok(())
+        };
+        let (placed, fed) = futures::join!(futures::future::try_join_all(puts), feed);
+        placed?;
+        fed?;
+        if self.spec.layout == Layout::Parity {
+            self.checkpoint_all(names::LINEITEM).await?;
         }
         Ok(t.elapsed().as_secs_f64())
     }
@@ -429,6 +488,18 @@ impl Cluster {
         tracing::info!("{msg}");
     }
 
+    /// The process ids of the local nodes started as processes, in role
+    /// order (for reading their resource use from `/proc`).
+    pub fn local_pids(&self) -> Vec<u32> {
+        self.owned
+            .iter()
+            .filter_map(|o| match o {
+                Owned::Process(c) => Some(c.id()),
+                Owned::InProcess(_) => None,
+            })
+            .collect()
+    }
+
     /// Stops local nodes (processes are killed).
     pub fn shutdown(&mut self) {
         for o in self.owned.drain(..) {
@@ -451,11 +522,43 @@ impl Drop for Cluster {
     }
 }
 
+/// The items a channel receives, as a stream.
+fn receiver_stream<T: Send + 'static>(
+    rx: tokio::sync::mpsc::Receiver<T>,
+) -> impl futures::Stream<Item = T> + Send + 'static {
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|x| (x, rx)) })
+}
+
+/// Runs a blocking source of row blocks (a generator: CPU work) on a
+/// thread of its own and hands its blocks over as a stream, a few ahead
+/// of the consumer: [`Cluster::place_stream`]'s input.
+pub fn blocking_source(
+    blocks: impl Iterator<Item = Result<RecordBatch>> + Send + 'static,
+) -> impl futures::Stream<Item = Result<RecordBatch>> + Send + Unpin + 'static {
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    std::thread::spawn(move || {
+        for b in blocks {
+            let failed = b.is_err();
+            if tx.blocking_send(b).is_err() || failed {
+                return;
+            }
+        }
+    });
+    Box::pin(receiver_stream(rx))
+}
+
 /// A local cluster's token and members files.
 struct ClusterFiles {
     token: PathBuf,
     members: PathBuf,
 }
+
+/// The put limit of the nodes a host starts itself (private to it, behind
+/// its cluster token): room for one node's share of `lineitem` at scale
+/// factor 10 (about 1.7 GB on each of 4 main nodes, up to 2.5 GB of
+/// columns on a mirror node), which streams to the device as it arrives.
+/// A node started on its own keeps `rebound node`'s default of 1 GiB.
+pub const LOCAL_MAX_PUT_BYTES: u64 = 8 << 30;
 
 /// Starts `exe node` and reads the address it prints.
 fn spawn_node(
@@ -484,6 +587,7 @@ fn spawn_node(
         .arg(&files.token)
         .arg("--members-file")
         .arg(&files.members)
+        .args(["--max-put-bytes", &LOCAL_MAX_PUT_BYTES.to_string()])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

@@ -361,6 +361,30 @@ impl Node {
         Ok(())
     }
 
+    /// Starts writing the table object `name` as its batches arrive (a
+    /// put of base data); [`Node::commit_table`] puts it in place.
+    pub fn table_writer(&self, name: &str, schema: &SchemaRef) -> Result<columnar::TableWriter> {
+        columnar::TableWriter::create(&self.path(name)?, schema)
+    }
+
+    /// Puts a table written by `writer` in place as base data (synced): on
+    /// the device, not held, as [`Placement::Durable`] stores it. `busy` is
+    /// the time its batches took to write.
+    pub fn commit_table(
+        &self,
+        name: &str,
+        writer: columnar::TableWriter,
+        busy: Duration,
+        stats: &mut Stats,
+    ) -> Result<()> {
+        let t = Instant::now();
+        let len = writer.finish(true)?;
+        self.charge(len, busy + t.elapsed(), stats);
+        stats.bytes_written += len;
+        self.inner.lock().held.retain(|h| h.0 != name);
+        Ok(())
+    }
+
     /// Runs a fragment: reads its input (only the columns a Scan needs),
     /// runs the primitive, materialises the output.
     pub async fn run(&self, fragment: &Fragment) -> Result<Stats> {

@@ -22,7 +22,9 @@ use crate::access::NodeAccess;
 use crate::devmodel::DeviceModel;
 use crate::error::{Error, Result};
 use crate::plan::Fragment;
-use crate::wire::{FLOW_WINDOW, GetCmd, MAX_MESSAGE, PutCmd, RAW_CHUNK, Stats, flight_encode};
+use crate::wire::{
+    FLOW_WINDOW, GetCmd, MAX_MESSAGE, PUT_END, PutCmd, RAW_CHUNK, Stats, flight_encode,
+};
 
 fn parse<T: for<'de> Deserialize<'de>>(what: &str, bytes: &[u8]) -> Result<T, Status> {
     serde_json::from_slice(bytes)
@@ -63,6 +65,90 @@ fn put_name(cmd: &PutCmd) -> &str {
             name
         }
     }
+}
+
+/// A table put: decodes the Flight messages (the first included, each
+/// already counted against the put limit) and stores the table, base data
+/// (`sync`) written to the device batch by batch, anything else held
+/// until complete. Nothing is stored from a stream that ends without the
+/// sender's end marker.
+async fn put_table(
+    node: &Arc<Node>,
+    name: &str,
+    sync: bool,
+    messages: impl futures::Stream<Item = Result<FlightData, Status>> + Send + 'static,
+) -> Result<Stats, Status> {
+    let ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let end_seen = ended.clone();
+    let rest = messages
+        // The sender's end marker: not a Flight message to
+        // decode, the proof that the stream was not cut short.
+        .try_filter(move |m| {
+            let end = m.data_header.is_empty() && m.app_metadata.as_ref() == PUT_END;
+            if end {
+                end_seen.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            futures::future::ready(!end)
+        })
+        .map_err(|s| arrow_flight::error::FlightError::Tonic(Box::new(s)));
+    let mut decoded = arrow_flight::decode::FlightRecordBatchStream::new_from_flight_data(rest);
+    let flight_err = |e| match e {
+        arrow_flight::error::FlightError::Tonic(s) => *s,
+        e => Status::invalid_argument(format!("do_put: {e}")),
+    };
+    let mut stats = Stats::default();
+    if sync {
+        // Base data streams to the device batch by batch: the
+        // node never holds a whole partition for a put.
+        let mut writer = None;
+        let mut busy = std::time::Duration::ZERO;
+        while let Some(b) = decoded.next().await {
+            let b = b.map_err(flight_err)?;
+            let t = std::time::Instant::now();
+            let w = match &mut writer {
+                Some(w) => w,
+                None => writer.insert(node.table_writer(name, &b.schema())?),
+            };
+            w.write(&b)?;
+            busy += t.elapsed();
+        }
+        check_ended(name, &ended)?;
+        let writer = match writer {
+            Some(w) => w,
+            None => {
+                let schema = decoded
+                    .schema()
+                    .cloned()
+                    .ok_or_else(|| Status::invalid_argument("do_put: no schema"))?;
+                node.table_writer(name, &schema)?
+            }
+        };
+        node.commit_table(name, writer, busy, &mut stats)?;
+    } else {
+        let mut batches = Vec::new();
+        while let Some(b) = decoded.next().await {
+            batches.push(b.map_err(flight_err)?);
+        }
+        check_ended(name, &ended)?;
+        let schema = decoded
+            .schema()
+            .cloned()
+            .ok_or_else(|| Status::invalid_argument("do_put: no schema"))?;
+        node.store_table(name, &schema, batches, Placement::Device, &mut stats)?;
+    }
+    Ok(stats)
+}
+
+/// Refuses a table put whose stream ended without the sender's end
+/// marker ([`PUT_END`]): a sender that failed mid-table closes its stream
+/// early, and a partial table must not pass for the whole one.
+fn check_ended(name: &str, ended: &std::sync::atomic::AtomicBool) -> Result<(), Status> {
+    if ended.load(std::sync::atomic::Ordering::Relaxed) {
+        return Ok(());
+    }
+    Err(Status::invalid_argument(format!(
+        "do_put of {name}: the stream ended before the sender's end marker; nothing stored"
+    )))
 }
 
 fn stats_json(s: &Stats) -> bytes::Bytes {
@@ -211,34 +297,13 @@ impl FlightService for NodeService {
         budget.take(&first)?;
         let stats = match &cmd {
             PutCmd::Table { name, sync } => {
-                let rest = futures::stream::once(async move { Ok(first) })
-                    .chain(stream.map(move |m| {
+                let rest =
+                    futures::stream::once(async move { Ok(first) }).chain(stream.map(move |m| {
                         let m = m?;
                         budget.take(&m)?;
                         Ok(m)
-                    }))
-                    .map_err(|s| arrow_flight::error::FlightError::Tonic(Box::new(s)));
-                let mut decoded =
-                    arrow_flight::decode::FlightRecordBatchStream::new_from_flight_data(rest);
-                let mut batches = Vec::new();
-                while let Some(b) = decoded.next().await {
-                    batches.push(b.map_err(|e| match e {
-                        arrow_flight::error::FlightError::Tonic(s) => *s,
-                        e => Status::invalid_argument(format!("do_put: {e}")),
-                    })?);
-                }
-                let schema = decoded
-                    .schema()
-                    .cloned()
-                    .ok_or_else(|| Status::invalid_argument("do_put: no schema"))?;
-                let mut stats = Stats::default();
-                let placement = if *sync {
-                    Placement::Durable
-                } else {
-                    Placement::Device
-                };
-                node.store_table(name, &schema, batches, placement, &mut stats)?;
-                stats
+                    }));
+                put_table(&node, name, *sync, rest).await?
             }
             _ => {
                 // The sender announces the total length in the first
