@@ -20,8 +20,14 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use smartstore::codec::Codec;
 use smartstore::{columnar, ops, tpch};
 
-/// Scale factor of the generated partition (one node's share at SF 1).
-const SF: f64 = 0.25;
+/// Scale factor of the generated partition (one node's share at SF 1);
+/// `SMARTSTORE_BENCH_SF=2.5` gives one node's share at SF 10.
+fn sf() -> f64 {
+    std::env::var("SMARTSTORE_BENCH_SF")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0.25)
+}
 
 fn run(
     rt: &tokio::runtime::Runtime,
@@ -39,7 +45,7 @@ fn primitives(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("runtime");
-    let (schema, batches) = tpch::lineitem(SF).expect("generated");
+    let (schema, batches) = tpch::lineitem(sf()).expect("generated");
     let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
     let payload = columnar::encode(&schema, &batches).expect("encoded");
     let [scan, sort, bundle] = tpch::q1_primitives();
@@ -49,7 +55,7 @@ fn primitives(c: &mut Criterion) {
     let scanned = run(&rt, &scan, &stored);
     let sorted = run(&rt, &sort, &scanned);
 
-    let mut g = c.benchmark_group("q1 primitives, one node (sf 0.25)");
+    let mut g = c.benchmark_group(format!("q1 primitives, one node (sf {})", sf()));
     g.sample_size(10);
     g.throughput(Throughput::Elements(rows as u64));
     g.bench_function("decode (the columns Scan reads)", |b| {

@@ -18,7 +18,7 @@
 //! | query plan distributed to the nodes (2.3) | [`plan::Fragment`], [`wire`] |
 //! | primitives Scan, Sort, AggGrpSort bundle (2.3, 4.2) | [`plan::Primitive`], [`ops`] |
 //! | Sort on few-valued (dictionary) keys, by normalized key | [`ranksort`] |
-//! | the bundle's Group-by over sorted input, by runs | [`rungroup`], [`ops`] |
+//! | the bundle's Group-by over sorted input, by runs; its sums as exact integer arithmetic | [`rungroup`], [`ops`] |
 //! | checkpoint per primitive (4.2), pipelined behind the next primitive and encoded once | [`host::Cluster::run_query_with`], [`codec`] |
 //! | HP C2490A disk, MEMS G1 to G3 (5.2, Table 1) | [`devmodel`] |
 //! | Scan and TPC-H Q1 workloads (4) | [`spec::Query`], [`tpch`] |

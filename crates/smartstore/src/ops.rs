@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use arrow::array::AsArray;
+use arrow::array::{ArrayRef, AsArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use datafusion::datasource::MemTable;
@@ -18,6 +18,8 @@ use datafusion::scalar::ScalarValue;
 use crate::error::{Error, Result};
 use crate::plan::{AggFunc, Aggregate, Cmp, Primitive, Value};
 use crate::{ranksort, rungroup};
+
+mod exactsum;
 
 /// Sorts whose input is smaller than this concatenate and sort once
 /// instead of sorting each batch and merging. A node's input is in memory
@@ -203,6 +205,23 @@ async fn aggregate_by_runs(
         .as_arrow()
         .clone(),
     );
+    let mut columns = groups.keys.clone();
+    if let Some(sums) = exactsum::aggregate(
+        schema,
+        batches,
+        &groups.ids,
+        groups.groups(),
+        aggregates,
+        &want.fields()[keys.len()..],
+    )? {
+        // Ids are dense and in key order of first appearance: the keys'
+        // rows line up with the sums' rows.
+        columns.extend(sums);
+        return Ok(Some((
+            want.clone(),
+            vec![sort_groups(&want, columns, keys.len())?],
+        )));
+    }
     let mut id_name = String::from("__group");
     while schema.field_with_name(&id_name).is_ok() {
         id_name.push('_');
@@ -239,8 +258,17 @@ async fn aggregate_by_runs(
         .map(|k| arrow::compute::take(k, ids, None))
         .collect::<std::result::Result<Vec<_>, _>>()?;
     columns.extend(per_id.columns()[1..].iter().cloned());
+    Ok(Some((
+        want.clone(),
+        vec![sort_groups(&want, columns, keys.len())?],
+    )))
+}
+
+/// One row per group (`columns`: the `keys` group-key columns first, then
+/// the aggregates) sorted by the group keys, as the bundle's LocalSort.
+fn sort_groups(want: &SchemaRef, columns: Vec<ArrayRef>, keys: usize) -> Result<RecordBatch> {
     let order = arrow::compute::lexsort_to_indices(
-        &columns[..keys.len()]
+        &columns[..keys]
             .iter()
             .map(|c| arrow::compute::SortColumn {
                 values: c.clone(),
@@ -253,8 +281,7 @@ async fn aggregate_by_runs(
         None,
     )?;
     let sorted = RecordBatch::try_new(want.clone(), columns)?;
-    let sorted = arrow::compute::take_record_batch(&sorted, &order)?;
-    Ok(Some((want, vec![sorted])))
+    Ok(arrow::compute::take_record_batch(&sorted, &order)?)
 }
 
 /// A quoted column name, so case and dots are kept as given.
@@ -470,6 +497,106 @@ mod tests {
             .build()
             .unwrap()
             .block_on(f)
+    }
+
+    /// Flag, quantity, price, discount and tax of 2,100 rows in three
+    /// batches of one flag each, as Q1's Sort leaves them, in Q1's types.
+    fn q1_like_input() -> (SchemaRef, Vec<RecordBatch>) {
+        use arrow::array::Decimal64Array;
+        let dict = DataType::Dictionary(Box::new(DataType::Int8), Box::new(DataType::Utf8));
+        let dec = DataType::Decimal64(15, 2);
+        let schema: SchemaRef = Arc::new(Schema::new(vec![
+            Field::new("flag", dict, false),
+            Field::new("qty", dec.clone(), false),
+            Field::new("price", dec.clone(), false),
+            Field::new("disc", dec.clone(), false),
+            Field::new("tax", dec, false),
+        ]));
+        let decimals = |f: &dyn Fn(i64) -> i64, rows: std::ops::Range<i64>| -> ArrayRef {
+            Arc::new(
+                Decimal64Array::from_iter_values(rows.map(f))
+                    .with_precision_and_scale(15, 2)
+                    .unwrap(),
+            )
+        };
+        // Three batches of one flag each, as the Sort leaves them.
+        let input: Vec<RecordBatch> = ["A", "N", "R"]
+            .iter()
+            .enumerate()
+            .map(|(i, flag)| {
+                let rows = (i as i64 * 1000)..(i as i64 * 1000 + 700);
+                let flags = DictionaryArray::<Int8Type>::try_new(
+                    vec![0i8; 700].into(),
+                    Arc::new(StringArray::from(vec![*flag])),
+                )
+                .unwrap();
+                RecordBatch::try_new(
+                    schema.clone(),
+                    vec![
+                        Arc::new(flags),
+                        decimals(&|r| (r % 50 + 1) * 100, rows.clone()),
+                        decimals(&|r| 90_000 + r * 37 % 10_000_000, rows.clone()),
+                        decimals(&|r| r % 11, rows.clone()),
+                        decimals(&|r| r % 9, rows),
+                    ],
+                )
+                .unwrap()
+            })
+            .collect();
+        (schema, input)
+    }
+
+    #[test]
+    fn a_q1_like_bundle_of_decimals_takes_the_exact_path_and_equals_the_hash_aggregate() {
+        let (schema, input) = q1_like_input();
+        let price = || Value::col("price");
+        let one = || Value::Decimal("1.00".into());
+        let disc_price = || Value::times(price(), Value::minus(one(), Value::col("disc")));
+        let agg = |func, arg, name: &str| Aggregate {
+            func,
+            arg,
+            name: name.into(),
+        };
+        let aggregates = vec![
+            agg(AggFunc::Sum, Value::col("qty"), "sum_qty"),
+            agg(AggFunc::Sum, price(), "sum_base_price"),
+            agg(AggFunc::Sum, disc_price(), "sum_disc_price"),
+            agg(
+                AggFunc::Sum,
+                Value::times(disc_price(), Value::plus(one(), Value::col("tax"))),
+                "sum_charge",
+            ),
+            agg(AggFunc::Count, Value::col("qty"), "count_order"),
+        ];
+        let group_by = vec!["flag".to_string()];
+        let ctx = context();
+        let df = grouped(
+            frame(&ctx, schema.clone(), input.clone()).unwrap(),
+            &group_by,
+            &aggregates,
+            &schema,
+        )
+        .unwrap();
+        let want: SchemaRef = Arc::new(df.schema().as_arrow().clone());
+        let hashed = block_on(df.collect()).unwrap();
+        let hashed = arrow::compute::concat_batches(&want, &hashed).unwrap();
+        let groups = rungroup::group_ids(&input, &[0]).unwrap().unwrap();
+        let exact = exactsum::aggregate(
+            &schema,
+            &input,
+            &groups.ids,
+            groups.groups(),
+            &aggregates,
+            &want.fields()[1..],
+        )
+        .unwrap();
+        assert!(exact.is_some(), "the exact path declined: {want:?}");
+        let bundle = Primitive::AggGrpSort {
+            group_by,
+            aggregates,
+        };
+        let (_, by_runs) = block_on(run(&bundle, schema, input)).unwrap();
+        assert_eq!(by_runs, vec![hashed]);
     }
 
     proptest! {

@@ -390,6 +390,11 @@ impl Node {
     pub async fn run(&self, fragment: &Fragment) -> Result<Stats> {
         self.check_storage()?;
         let mut stats = Stats::default();
+        // The output's previous version (the last query's) goes first, so
+        // its memory serves this run instead of the heap growing by it.
+        if fragment.output != fragment.input && !fragment.also.contains(&fragment.output) {
+            self.inner.lock().held.retain(|h| h.0 != fragment.output);
+        }
         let needed = fragment.primitive.input_columns();
         let (schema, mut batches) =
             self.load_table(&fragment.input, needed.as_deref(), &mut stats)?;

@@ -1,0 +1,628 @@
+//! The aggregates of the AggGrpSort bundle as exact integer arithmetic:
+//! sums and counts of integer and decimal expressions, per group.
+//!
+//! Q1's bundle (section 4.2 of the smart-storage paper) sums four decimal
+//! expressions, `l_extendedprice * (1 - l_discount) * (1 + l_tax)` the
+//! largest, over every row of a node. DataFusion evaluates them in
+//! Decimal128 with overflow checks on every operation, then hash-updates
+//! each sum: at scale factor 10 (15 million rows a node) most of the
+//! bundle's time. A decimal is an integer with a scale, so the same sums
+//! are integer arithmetic: each expression is compiled once to a tree of
+//! column reads, literals, additions, subtractions and products with the
+//! scale of every node (an addition aligns its operands to the larger
+//! scale, a product adds the scales, as SQL and DataFusion do), evaluated a
+//! row block at a time in 64-bit integers with every operation checked,
+//! and summed into 128-bit accumulators per group. A block whose values
+//! overflow 64 bits is evaluated again in checked 128-bit arithmetic.
+//!
+//! [`aggregate`] declines (returns `None`, and the caller lets DataFusion
+//! aggregate) for anything else: a function other than `Sum` or `Count`, a
+//! column with nulls or of another type, a result type or scale other than
+//! the one DataFusion plans (so the answer is always DataFusion's, bit for
+//! bit), or a sum past its result's precision.
+
+use arrow::array::{Array, ArrayRef, AsArray, Decimal128Array, Int64Array, RecordBatch};
+use arrow::datatypes::{
+    DataType, Decimal32Type, Decimal64Type, Decimal128Type, FieldRef, Int8Type, Int16Type,
+    Int32Type, Int64Type, SchemaRef,
+};
+use std::sync::Arc;
+
+use crate::error::Result;
+use crate::plan::{AggFunc, Aggregate, Value};
+
+/// A compiled expression: what each node reads or computes, and its scale.
+#[derive(Debug, Clone)]
+enum Node {
+    /// Column `index` of the batches.
+    Column {
+        index: usize,
+    },
+    /// A literal's unscaled value.
+    Literal(i128),
+    Add(Box<Scaled>, Box<Scaled>),
+    Sub(Box<Scaled>, Box<Scaled>),
+    Mul(Box<Scaled>, Box<Scaled>),
+}
+
+/// A node and the decimal scale of its values.
+#[derive(Debug, Clone)]
+struct Scaled {
+    node: Node,
+    scale: u32,
+}
+
+/// Most decimal digits a scale may reach (Decimal128's precision).
+const MAX_SCALE: u32 = 38;
+
+/// Compiles `v` against `schema`; `None` when it is not exact integer or
+/// decimal arithmetic over non-negative scales.
+fn compile(v: &Value, schema: &SchemaRef) -> Option<Scaled> {
+    Some(match v {
+        Value::Column(name) => {
+            let index = schema.index_of(name).ok()?;
+            let scale = match schema.field(index).data_type() {
+                DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 => 0,
+                DataType::Decimal32(_, s)
+                | DataType::Decimal64(_, s)
+                | DataType::Decimal128(_, s)
+                    if *s >= 0 =>
+                {
+                    *s as u32
+                }
+                _ => return None,
+            };
+            Scaled {
+                node: Node::Column { index },
+                scale,
+            }
+        }
+        Value::Int(i) => Scaled {
+            node: Node::Literal(*i as i128),
+            scale: 0,
+        },
+        Value::Decimal(s) => {
+            let (neg, digits) = match s.strip_prefix('-') {
+                Some(rest) => (true, rest),
+                None => (false, s.as_str()),
+            };
+            let (int, frac) = digits.split_once('.').unwrap_or((digits, ""));
+            if int.is_empty()
+                || !int.bytes().all(|b| b.is_ascii_digit())
+                || !frac.bytes().all(|b| b.is_ascii_digit())
+                || int.len() + frac.len() > 38
+            {
+                return None;
+            }
+            let v: i128 = format!("{int}{frac}").parse().ok()?;
+            Scaled {
+                node: Node::Literal(if neg { -v } else { v }),
+                scale: frac.len() as u32,
+            }
+        }
+        Value::Add(a, b) | Value::Sub(a, b) => {
+            let (a, b) = (compile(a, schema)?, compile(b, schema)?);
+            let scale = a.scale.max(b.scale);
+            let (a, b) = (Box::new(rescale(a, scale)?), Box::new(rescale(b, scale)?));
+            Scaled {
+                node: if matches!(v, Value::Add(..)) {
+                    Node::Add(a, b)
+                } else {
+                    Node::Sub(a, b)
+                },
+                scale,
+            }
+        }
+        Value::Mul(a, b) => {
+            let (a, b) = (compile(a, schema)?, compile(b, schema)?);
+            let scale = a.scale + b.scale;
+            if scale > MAX_SCALE {
+                return None;
+            }
+            Scaled {
+                node: Node::Mul(Box::new(a), Box::new(b)),
+                scale,
+            }
+        }
+        Value::Date(_) | Value::Str(_) => return None,
+    })
+}
+
+/// `x` at the larger scale `to`: multiplied by a literal power of ten.
+fn rescale(x: Scaled, to: u32) -> Option<Scaled> {
+    if x.scale == to {
+        return Some(x);
+    }
+    let factor = 10i128.checked_pow(to - x.scale)?;
+    Some(Scaled {
+        node: Node::Mul(
+            Box::new(x),
+            Box::new(Scaled {
+                node: Node::Literal(factor),
+                scale: 0,
+            }),
+        ),
+        scale: to,
+    })
+}
+
+/// A node's values over one row block in 64 bits: a column's own
+/// buffer, computed values, or one value for every row (a literal).
+enum Vals<'a> {
+    Borrowed(&'a [i64]),
+    Owned(Vec<i64>),
+    Scalar(i64),
+}
+
+impl Vals<'_> {
+    fn get(&self, i: usize) -> i64 {
+        match self {
+            Vals::Borrowed(v) => v[i],
+            Vals::Owned(v) => v[i],
+            Vals::Scalar(v) => *v,
+        }
+    }
+}
+
+/// A column's values as `i64` (its own buffer when it is 64-bit); `None`
+/// past 64 bits or with nulls.
+fn column_i64(a: &ArrayRef) -> Option<Vals<'_>> {
+    if a.null_count() > 0 {
+        return None;
+    }
+    let widen = |v: Vec<i64>| Some(Vals::Owned(v));
+    match a.data_type() {
+        DataType::Int8 => widen(
+            a.as_primitive::<Int8Type>()
+                .values()
+                .iter()
+                .map(|&v| v as i64)
+                .collect(),
+        ),
+        DataType::Int16 => widen(
+            a.as_primitive::<Int16Type>()
+                .values()
+                .iter()
+                .map(|&v| v as i64)
+                .collect(),
+        ),
+        DataType::Int32 => widen(
+            a.as_primitive::<Int32Type>()
+                .values()
+                .iter()
+                .map(|&v| v as i64)
+                .collect(),
+        ),
+        DataType::Int64 => Some(Vals::Borrowed(a.as_primitive::<Int64Type>().values())),
+        DataType::Decimal32(..) => widen(
+            a.as_primitive::<Decimal32Type>()
+                .values()
+                .iter()
+                .map(|&v| v as i64)
+                .collect(),
+        ),
+        DataType::Decimal64(..) => Some(Vals::Borrowed(a.as_primitive::<Decimal64Type>().values())),
+        DataType::Decimal128(..) => a
+            .as_primitive::<Decimal128Type>()
+            .values()
+            .iter()
+            .map(|&v| i64::try_from(v).ok())
+            .collect::<Option<Vec<_>>>()
+            .map(Vals::Owned),
+        _ => None,
+    }
+}
+
+/// A column's values as `i128`; `None` with nulls.
+fn column_i128(a: &ArrayRef) -> Option<Vec<i128>> {
+    if let DataType::Decimal128(..) = a.data_type() {
+        if a.null_count() > 0 {
+            return None;
+        }
+        return Some(a.as_primitive::<Decimal128Type>().values().to_vec());
+    }
+    let v = column_i64(a)?;
+    Some((0..a.len()).map(|i| i128::from(v.get(i))).collect())
+}
+
+/// `op` over every row of `l` and `r` (`n` rows); `None` when any
+/// overflows. Generic over `op` so each operation's loop is compiled with
+/// it inlined; overflow is collected, not branched on, per row.
+fn combine(
+    l: &Vals,
+    r: &Vals,
+    n: usize,
+    op: impl Fn(i64, i64) -> (i64, bool),
+) -> Option<Vals<'static>> {
+    let mut overflow = false;
+    let mut out = Vec::with_capacity(n);
+    let mut push = |(v, o): (i64, bool)| {
+        overflow |= o;
+        out.push(v);
+    };
+    match (l, r) {
+        (Vals::Scalar(a), Vals::Scalar(b)) => {
+            let (v, o) = op(*a, *b);
+            return (!o).then_some(Vals::Scalar(v));
+        }
+        (Vals::Scalar(a), r) => {
+            let r = slice(r);
+            r.iter().for_each(|&b| push(op(*a, b)));
+        }
+        (l, Vals::Scalar(b)) => {
+            let l = slice(l);
+            l.iter().for_each(|&a| push(op(a, *b)));
+        }
+        (l, r) => {
+            let (l, r) = (slice(l), slice(r));
+            l.iter().zip(r).for_each(|(&a, &b)| push(op(a, b)));
+        }
+    }
+    (!overflow).then_some(Vals::Owned(out))
+}
+
+fn slice<'a>(v: &'a Vals) -> &'a [i64] {
+    match v {
+        Vals::Borrowed(v) => v,
+        Vals::Owned(v) => v,
+        Vals::Scalar(_) => unreachable!("scalars are handled by the caller"),
+    }
+}
+
+/// Evaluates `x` over `batch` in 64-bit arithmetic, every operation
+/// checked; `None` on overflow (or a column past 64 bits).
+fn eval_i64<'a>(x: &Scaled, batch: &'a RecordBatch) -> Option<Vals<'a>> {
+    let n = batch.num_rows();
+    match &x.node {
+        Node::Column { index } => column_i64(batch.column(*index)),
+        Node::Literal(v) => Some(Vals::Scalar(i64::try_from(*v).ok()?)),
+        Node::Add(a, b) => combine(
+            &eval_i64(a, batch)?,
+            &eval_i64(b, batch)?,
+            n,
+            i64::overflowing_add,
+        ),
+        Node::Sub(a, b) => combine(
+            &eval_i64(a, batch)?,
+            &eval_i64(b, batch)?,
+            n,
+            i64::overflowing_sub,
+        ),
+        Node::Mul(a, b) => combine(
+            &eval_i64(a, batch)?,
+            &eval_i64(b, batch)?,
+            n,
+            i64::overflowing_mul,
+        ),
+    }
+}
+
+/// The runs of equal group ids in a row block: (group, first row, end).
+/// The Sort leaves whole batches in one group, so this is one run or two.
+fn runs(ids: &[u32]) -> Vec<(usize, usize, usize)> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < ids.len() {
+        let g = ids[at];
+        let end = ids[at..]
+            .iter()
+            .position(|&x| x != g)
+            .map_or(ids.len(), |p| at + p);
+        out.push((g as usize, at, end));
+        at = end;
+    }
+    out
+}
+
+/// The exact sum of `v`: in 64 bits (a loop the compiler vectorizes) when
+/// the largest magnitude times the count cannot overflow, else in 128.
+fn sum_exact(v: &[i64]) -> i128 {
+    let largest = v.iter().map(|x| x.unsigned_abs()).max().unwrap_or(0);
+    if u128::from(largest) * (v.len() as u128) < 1u128 << 63 {
+        v.iter().fold(0i64, |a, &x| a.wrapping_add(x)) as i128
+    } else {
+        v.iter().map(|&x| i128::from(x)).sum()
+    }
+}
+
+/// Adds `values` (of the rows of `runs`) into `sums`, a run at a time.
+fn add_runs(runs: &[(usize, usize, usize)], values: &Vals, sums: &mut [i128]) {
+    for &(g, start, end) in runs {
+        sums[g] += match values {
+            Vals::Scalar(v) => i128::from(*v) * (end - start) as i128,
+            v => sum_exact(&slice(v)[start..end]),
+        };
+    }
+}
+
+/// [`eval_i64`] in checked 128-bit arithmetic.
+fn eval_i128(x: &Scaled, batch: &RecordBatch) -> Option<Vec<i128>> {
+    let n = batch.num_rows();
+    match &x.node {
+        Node::Column { index } => column_i128(batch.column(*index)),
+        Node::Literal(v) => Some(vec![*v; n]),
+        Node::Add(a, b) | Node::Sub(a, b) | Node::Mul(a, b) => {
+            let l = eval_i128(a, batch)?;
+            let r = eval_i128(b, batch)?;
+            l.iter()
+                .zip(&r)
+                .map(|(&l, &r)| match &x.node {
+                    Node::Add(..) => l.checked_add(r),
+                    Node::Sub(..) => l.checked_sub(r),
+                    _ => l.checked_mul(r),
+                })
+                .collect()
+        }
+    }
+}
+
+/// The columns `x` reads.
+fn columns_of(x: &Scaled, out: &mut Vec<usize>) {
+    match &x.node {
+        Node::Column { index } => out.push(*index),
+        Node::Literal(_) => {}
+        Node::Add(a, b) | Node::Sub(a, b) | Node::Mul(a, b) => {
+            columns_of(a, out);
+            columns_of(b, out);
+        }
+    }
+}
+
+/// One output column's plan.
+enum Plan {
+    Count,
+    Sum(Scaled),
+}
+
+/// Each aggregate's plan; `None` when one is not exact arithmetic of the
+/// type DataFusion plans (see the module docs).
+fn plan(
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+    aggregates: &[Aggregate],
+    want: &[FieldRef],
+) -> Option<Vec<Plan>> {
+    if aggregates.len() != want.len() {
+        return None;
+    }
+    let mut plans = Vec::with_capacity(aggregates.len());
+    for (a, field) in aggregates.iter().zip(want) {
+        let arg = compile(&a.arg, schema)?;
+        let plan = match (a.func, field.data_type()) {
+            (AggFunc::Count, DataType::Int64) => {
+                // Counts its non-null arguments: every row, when the
+                // columns it reads have no nulls.
+                let mut columns = Vec::new();
+                columns_of(&arg, &mut columns);
+                if batches
+                    .iter()
+                    .any(|b| columns.iter().any(|&c| b.column(c).null_count() > 0))
+                {
+                    return None;
+                }
+                Plan::Count
+            }
+            (
+                AggFunc::Sum,
+                DataType::Decimal32(_, s) | DataType::Decimal64(_, s) | DataType::Decimal128(_, s),
+            ) if *s >= 0 && *s as u32 == arg.scale => Plan::Sum(arg),
+            (AggFunc::Sum, DataType::Int64) if arg.scale == 0 => Plan::Sum(arg),
+            _ => return None,
+        };
+        plans.push(plan);
+    }
+    Some(plans)
+}
+
+/// The output columns from the per-group sums and counts; `None` when a
+/// sum is past its type's range.
+fn finish(
+    plans: &[Plan],
+    sums: Vec<Vec<i128>>,
+    counts: &[i128],
+    want: &[FieldRef],
+) -> Result<Option<Vec<ArrayRef>>> {
+    let mut out: Vec<ArrayRef> = Vec::with_capacity(plans.len());
+    for ((plan, sum), field) in plans.iter().zip(sums).zip(want) {
+        out.push(match (plan, field.data_type()) {
+            (Plan::Count, _) => Arc::new(Int64Array::from_iter_values(
+                counts.iter().map(|&c| c as i64),
+            )),
+            (
+                Plan::Sum(_),
+                DataType::Decimal32(p, s) | DataType::Decimal64(p, s) | DataType::Decimal128(p, s),
+            ) => {
+                // A sum past its type's precision is DataFusion's to report.
+                let bound = 10i128.checked_pow(u32::from(*p));
+                if bound.is_none_or(|b| sum.iter().any(|v| v.abs() >= b)) {
+                    return Ok(None);
+                }
+                let wide: ArrayRef =
+                    Arc::new(Decimal128Array::from(sum).with_precision_and_scale(38, *s)?);
+                arrow::compute::cast(&wide, field.data_type())?
+            }
+            (Plan::Sum(_), _) => {
+                let Some(v) = sum
+                    .iter()
+                    .map(|&v| i64::try_from(v).ok())
+                    .collect::<Option<Vec<_>>>()
+                else {
+                    return Ok(None);
+                };
+                Arc::new(Int64Array::from(v))
+            }
+        });
+    }
+    Ok(Some(out))
+}
+
+/// Per-group `aggregates` over `batches`, whose rows carry group ids `ids`
+/// (one `UInt32` column per batch, ids `0 .. groups`), as columns of the
+/// types `want` gives (DataFusion's plan of the same aggregates, in
+/// order); `None` when this path declines (see the module docs).
+pub fn aggregate(
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+    ids: &[ArrayRef],
+    groups: usize,
+    aggregates: &[Aggregate],
+    want: &[FieldRef],
+) -> Result<Option<Vec<ArrayRef>>> {
+    let Some(plans) = plan(schema, batches, aggregates, want) else {
+        return Ok(None);
+    };
+    let mut sums = vec![vec![0i128; groups]; plans.len()];
+    let mut counts = vec![0i128; groups];
+    for (batch, ids) in batches.iter().zip(ids) {
+        let ids = ids.as_primitive::<arrow::datatypes::UInt32Type>().values();
+        let runs = runs(ids);
+        add_runs(&runs, &Vals::Scalar(1), &mut counts);
+        for (plan, sum) in plans.iter().zip(sums.iter_mut()) {
+            let Plan::Sum(arg) = plan else { continue };
+            if let Some(values) = eval_i64(arg, batch) {
+                // At most 2^32 rows of values below 2^63: no overflow.
+                add_runs(&runs, &values, sum);
+                continue;
+            }
+            let Some(values) = eval_i128(arg, batch) else {
+                return Ok(None);
+            };
+            for (&g, &v) in ids.iter().zip(&values) {
+                let Some(s) = sum[g as usize].checked_add(v) else {
+                    return Ok(None);
+                };
+                sum[g as usize] = s;
+            }
+        }
+    }
+    finish(&plans, sums, &counts, want)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Decimal64Array, StringArray, UInt32Array};
+    use arrow::datatypes::{Field, Schema};
+
+    fn schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("price", DataType::Decimal64(15, 2), true),
+            Field::new("big", DataType::Decimal128(38, 0), false),
+            Field::new("name", DataType::Utf8, false),
+        ]))
+    }
+
+    fn batch(prices: Vec<Option<i64>>, big: Vec<i128>) -> RecordBatch {
+        let n = prices.len();
+        RecordBatch::try_new(
+            schema(),
+            vec![
+                Arc::new(
+                    Decimal64Array::from(prices)
+                        .with_precision_and_scale(15, 2)
+                        .unwrap(),
+                ),
+                Arc::new(
+                    Decimal128Array::from(big)
+                        .with_precision_and_scale(38, 0)
+                        .unwrap(),
+                ),
+                Arc::new(StringArray::from_iter_values((0..n).map(|i| i.to_string()))),
+            ],
+        )
+        .unwrap()
+    }
+
+    fn sum(arg: Value) -> Aggregate {
+        Aggregate {
+            func: AggFunc::Sum,
+            arg,
+            name: "s".into(),
+        }
+    }
+
+    fn field(t: DataType) -> FieldRef {
+        Arc::new(Field::new("s", t, true))
+    }
+
+    #[test]
+    fn products_and_differences_sum_exactly_per_group_at_the_planned_scale() {
+        // (1.00 - price) * price at scale 4, groups 0, 1, 0.
+        let b = batch(vec![Some(150), Some(-25), Some(1)], vec![0, 0, 0]);
+        let ids: ArrayRef = Arc::new(UInt32Array::from(vec![0, 1, 0]));
+        let arg = Value::times(
+            Value::minus(Value::Decimal("1.00".into()), Value::col("price")),
+            Value::col("price"),
+        );
+        let out = aggregate(
+            &schema(),
+            &[b],
+            &[ids],
+            2,
+            &[sum(arg)],
+            &[field(DataType::Decimal128(38, 4))],
+        )
+        .unwrap()
+        .expect("exact arithmetic");
+        let got = out[0].as_primitive::<Decimal128Type>();
+        // Group 0: (100-150)*150 + (100-1)*1 = -7401; group 1: 125*-25.
+        assert_eq!(got.values().to_vec(), vec![-7401, -3125]);
+    }
+
+    #[test]
+    fn values_past_64_bits_are_summed_in_128() {
+        let big = i64::MAX as i128 * 4;
+        let b = batch(vec![Some(1), Some(2)], vec![big, -big / 2]);
+        let ids: ArrayRef = Arc::new(UInt32Array::from(vec![0, 0]));
+        let out = aggregate(
+            &schema(),
+            &[b],
+            &[ids],
+            1,
+            &[sum(Value::col("big"))],
+            &[field(DataType::Decimal128(38, 0))],
+        )
+        .unwrap()
+        .expect("128-bit path");
+        assert_eq!(
+            out[0].as_primitive::<Decimal128Type>().value(0),
+            big - big / 2
+        );
+    }
+
+    #[test]
+    fn what_is_not_exact_arithmetic_over_non_null_columns_is_declined() {
+        let ids: ArrayRef = Arc::new(UInt32Array::from(vec![0, 0]));
+        let b = batch(vec![Some(1), None], vec![1, 2]);
+        let decimal = field(DataType::Decimal64(18, 2));
+        let cases: Vec<(Aggregate, FieldRef)> = vec![
+            // A null in the column.
+            (sum(Value::col("price")), decimal.clone()),
+            // A string column.
+            (sum(Value::col("name")), decimal.clone()),
+            // A scale other than the one planned.
+            (sum(Value::col("big")), decimal.clone()),
+            // A function other than Sum or Count.
+            (
+                Aggregate {
+                    func: AggFunc::Avg,
+                    arg: Value::col("big"),
+                    name: "a".into(),
+                },
+                field(DataType::Decimal128(38, 4)),
+            ),
+        ];
+        for (agg, want) in cases {
+            let got = aggregate(
+                &schema(),
+                std::slice::from_ref(&b),
+                std::slice::from_ref(&ids),
+                1,
+                std::slice::from_ref(&agg),
+                &[want],
+            )
+            .unwrap();
+            assert!(got.is_none(), "{agg:?} was not declined");
+        }
+    }
+}
