@@ -1055,3 +1055,58 @@ fn a_placement_whose_source_fails_is_an_error_and_the_next_one_answers_exactly()
         }
     });
 }
+
+#[test]
+fn a_placement_that_loses_a_node_leaves_no_partial_table_on_the_others() {
+    use smartstore::recovery::FailMode;
+    let rt = rt();
+    rt.block_on(async {
+        let (schema, batches) = tpch::lineitem(SF).unwrap();
+        // Blocks of 500 rows: the placement is still running when the lost
+        // node's put fails.
+        let blocks: Vec<_> = batches
+            .iter()
+            .flat_map(|b| {
+                (0..b.num_rows())
+                    .step_by(500)
+                    .map(move |at| b.slice(at, 500.min(b.num_rows() - at)))
+            })
+            .collect();
+        let work = tempfile::tempdir().unwrap();
+        let mut c = Cluster::launch(
+            spec(Layout::Mirror, false),
+            &Launcher::InProcess,
+            work.path(),
+        )
+        .await
+        .unwrap();
+        c.fail_node(1, FailMode::Unreadable).unwrap();
+        let source: Vec<_> = blocks.iter().cloned().map(Ok).collect();
+        let e = c
+            .place_stream(schema, futures::stream::iter(source))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("main 1"), "{e}");
+        // Another main node holds nothing, or its whole partition: never a
+        // part of it.
+        for i in [0, 2, 3] {
+            let whole: Vec<_> = blocks
+                .iter()
+                .enumerate()
+                .filter(|(b, _)| b % 4 == i)
+                .map(|(_, x)| x.clone())
+                .collect();
+            if let Ok((_, got)) = c.main[i].get_table(names::LINEITEM, None, None).await {
+                assert_eq!(got, whole, "main {i} holds a partial partition");
+            }
+            let left: Vec<_> = std::fs::read_dir(&c.dirs[i])
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .filter(|n| n.contains("spool") || n.ends_with(".tmp"))
+                .collect();
+            assert!(left.is_empty(), "main {i} left {left:?}");
+        }
+        c.shutdown();
+    });
+}

@@ -322,7 +322,6 @@ impl Cluster {
         schema: SchemaRef,
         blocks: impl futures::Stream<Item = Result<RecordBatch>> + Unpin,
     ) -> Result<f64> {
-        use futures::StreamExt;
         let t = Instant::now();
         let n = self.spec.nodes;
         let groups: Vec<Vec<usize>> = match self.spec.layout {
@@ -357,37 +356,22 @@ impl Cluster {
             puts.push(c.put_table_stream(put, s, receiver_stream(rx)));
         }
         let feed = async move {
-            let mut blocks = blocks;
-            let mut b = 0usize;
-            while let Some(block) = blocks.next().await {
-                let block = match block {
-                    Ok(block) => block,
-                    Err(e) => {
-                        // Every put ends without its end marker.
-                        let why = e.to_string();
-                        for tx in to_main.iter().chain(&to_mirror) {
-                            let _ = tx.send(Err(Error::Invalid(why.clone()))).await;
-                        }
-                        return Err(e);
-                    }
-                };
-                for (tx, cols) in to_mirror.iter().zip(&groups) {
-                    // A closed channel is a failed put: its error is the one
-                    // reported.
-                    if tx.send(Ok(block.project(cols)?)).await.is_err() {
-                        return Ok(());
-                    }
+            let senders: Vec<_> = to_main.iter().chain(&to_mirror).collect();
+            let fed = feed_blocks(blocks, &to_main, &to_mirror, &groups).await;
+            if let Err(why) = &fed {
+                // Every put still running ends without its end marker, so
+                // no node commits a partial table.
+                for tx in senders {
+                    let _ = tx.send(Err(Error::Invalid(why.clone()))).await;
                 }
-                if to_main[row_owner(b, n)].send(Ok(block)).await.is_err() {
-                    return Ok(());
-                }
-                b += 1;
             }
-            Ok(())
+            fed
         };
         let (placed, fed) = futures::join!(futures::future::try_join_all(puts), feed);
+        // A failed put is the cause when there is one; the feed then only
+        // saw its channel close.
         placed?;
-        fed?;
+        fed.map_err(Error::Invalid)?;
         if self.spec.layout == Layout::Parity {
             self.checkpoint_all(names::LINEITEM).await?;
         }
@@ -520,6 +504,34 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// Hands each row block of `blocks` to its main node's put (row blocks
+/// round-robin) and its column groups to the mirror nodes' puts. Stops at
+/// the first error of the source, or when a put has stopped taking
+/// blocks (its channel closed); says why.
+async fn feed_blocks(
+    mut blocks: impl futures::Stream<Item = Result<RecordBatch>> + Unpin,
+    to_main: &[tokio::sync::mpsc::Sender<Result<RecordBatch>>],
+    to_mirror: &[tokio::sync::mpsc::Sender<Result<RecordBatch>>],
+    groups: &[Vec<usize>],
+) -> std::result::Result<(), String> {
+    use futures::StreamExt;
+    let closed = || "placement stopped: a node's put ended early".to_string();
+    let mut b = 0usize;
+    while let Some(block) = blocks.next().await {
+        let block = block.map_err(|e| e.to_string())?;
+        for (tx, cols) in to_mirror.iter().zip(groups) {
+            let part = block.project(cols).map_err(|e| e.to_string())?;
+            tx.send(Ok(part)).await.map_err(|_| closed())?;
+        }
+        to_main[row_owner(b, to_main.len())]
+            .send(Ok(block))
+            .await
+            .map_err(|_| closed())?;
+        b += 1;
+    }
+    Ok(())
 }
 
 /// The items a channel receives, as a stream.
