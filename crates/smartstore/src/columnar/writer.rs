@@ -138,6 +138,11 @@ impl TableWriter {
         for p in &paths {
             let _ = std::fs::remove_file(p);
         }
+        if result.is_err() {
+            // A layout cut short (a full device, a failed rename) leaves
+            // neither its temporary file nor any change to the object.
+            let _ = std::fs::remove_file(self.path.with_extension("tmp"));
+        }
         result
     }
 
@@ -327,6 +332,24 @@ mod tests {
         drop(w);
         assert_eq!(std::fs::read(&path).unwrap(), old);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_layout_that_fails_leaves_no_temporary_file_or_spool() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.obj");
+        // A directory where the object goes: the final rename fails.
+        std::fs::create_dir(&path).unwrap();
+        let (schema, b) = batches();
+        let mut w = TableWriter::create(&path, &schema).unwrap();
+        w.write(&b[0]).unwrap();
+        assert!(w.finish(true).is_err());
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, vec![std::ffi::OsString::from("t.obj")]);
+        assert!(path.is_dir(), "what was there is untouched");
     }
 
     #[test]
