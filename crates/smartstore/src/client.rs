@@ -244,23 +244,11 @@ impl NodeClient {
         batches: impl futures::Stream<Item = Result<RecordBatch>> + Send + 'static,
     ) -> Result<Stats> {
         let failed: Arc<Mutex<Option<String>>> = Arc::default();
-        let (f1, f2) = (failed.clone(), failed.clone());
-        let batches = batches
-            .take_while(move |r| {
-                if let Err(e) = r {
-                    *f1.lock() = Some(e.to_string());
-                }
-                futures::future::ready(r.is_ok())
-            })
-            .filter_map(|r| futures::future::ready(r.ok()));
-        let messages = flight_encode_stream(schema, batches, Some(Self::descriptor(&cmd)))
-            .take_while(move |r| {
-                if let Err(e) = r {
-                    *f2.lock() = Some(e.to_string());
-                }
-                futures::future::ready(r.is_ok())
-            })
-            .filter_map(|r| futures::future::ready(r.ok()));
+        let batches = until_error(batches, failed.clone());
+        let messages = until_error(
+            flight_encode_stream(schema, batches, Some(Self::descriptor(&cmd))),
+            failed.clone(),
+        );
         let end_if_whole = {
             let failed = failed.clone();
             futures::stream::once(async move { failed.lock().is_none().then(Self::put_end) })
@@ -362,4 +350,19 @@ fn source_chain(e: &dyn std::error::Error) -> String {
         cur = c.source();
     }
     s
+}
+
+/// The items of `s` up to its first error, which is kept in `failed` (the
+/// stream then ends there).
+fn until_error<T, E: std::fmt::Display>(
+    s: impl futures::Stream<Item = std::result::Result<T, E>>,
+    failed: Arc<Mutex<Option<String>>>,
+) -> impl futures::Stream<Item = T> {
+    s.take_while(move |r| {
+        if let Err(e) = r {
+            *failed.lock() = Some(e.to_string());
+        }
+        futures::future::ready(r.is_ok())
+    })
+    .filter_map(|r| futures::future::ready(r.ok()))
 }

@@ -519,7 +519,7 @@ mod tests {
 
     fn write(dir: &Path, payload: &[u8]) -> std::path::PathBuf {
         let p = dir.join("t.obj");
-        object::write_file(&p, &object::encode(object::Kind::Table, payload), false).unwrap();
+        object::write_file(&p, &object::encode(object::Kind::Table, payload)).unwrap();
         p
     }
 

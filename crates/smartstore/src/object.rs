@@ -20,9 +20,11 @@
 //!     32    n payload
 //! ```
 //!
-//! The file is exactly `32 + n` bytes long. Files are written to a
-//! temporary name, synced and renamed into place, so a crash leaves either
-//! the old object or the new one. Arrow IPC encoding is deterministic: the
+//! The file is exactly `32 + n` bytes long. Base data is written to a
+//! temporary name, synced and renamed into place
+//! ([`crate::columnar::TableWriter`]), so a crash leaves either the old
+//! object or the new one; outputs, checkpoints and rebuilt copies are
+//! rewritten in place ([`write_file`]). Arrow IPC encoding is deterministic: the
 //! same batches give the same bytes, which is what lets the redundancy
 //! layouts rebuild a lost node's file bit-exact.
 
@@ -147,37 +149,25 @@ pub fn header(kind: Kind, len: u64, crc: u32) -> [u8; HEADER_LEN] {
     head
 }
 
-/// Writes a complete object file to `path`.
-///
-/// With `sync` (base data, which nothing else restores) the write is
-/// atomic: a temporary file, synced, renamed into place. Without it (a
-/// primitive's output or a checkpoint, which guard against losing a node
-/// and are rewritten every query) the file is rewritten in place: reusing
-/// the old file's page-cache pages costs a fraction of allocating a new
-/// file's and freeing the old one's (measured on ext4: 15 MB in 2.2 ms in
-/// place against 17 ms through a new file renamed over it). A write cut
-/// short leaves a file that fails its checksum, never one that passes.
-pub fn write_file(path: &Path, file: &[u8], sync: bool) -> Result<()> {
-    if !sync {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .map_err(|e| Error::io(path, e))?;
-        f.write_all(file).map_err(|e| Error::io(path, e))?;
-        f.set_len(file.len() as u64)
-            .map_err(|e| Error::io(path, e))?;
-        return Ok(());
-    }
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
-    f.write_all(file).map_err(|e| Error::io(&tmp, e))?;
-    if sync {
-        f.sync_data().map_err(|e| Error::io(&tmp, e))?;
-    }
-    drop(f);
-    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
+/// Writes a complete object file to `path`, in place, not synced: a
+/// primitive's output, a checkpoint or a rebuilt copy, which guard against
+/// losing a *node* (another node holds the copy) and are rewritten every
+/// query. Reusing the old file's page-cache pages costs a fraction of
+/// allocating a new file's and freeing the old one's (measured on ext4:
+/// 15 MB in 2.2 ms in place against 17 ms through a new file renamed over
+/// it). A write cut short leaves a file that fails its checksum, never one
+/// that passes. Base data, which nothing else restores on the node, is
+/// written atomically and synced by [`crate::columnar::TableWriter`].
+pub fn write_file(path: &Path, file: &[u8]) -> Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(|e| Error::io(path, e))?;
+    f.write_all(file).map_err(|e| Error::io(path, e))?;
+    f.set_len(file.len() as u64)
+        .map_err(|e| Error::io(path, e))?;
     Ok(())
 }
 

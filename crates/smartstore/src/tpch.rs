@@ -335,14 +335,8 @@ pub async fn q1_streamed(
     let [scan, _, bundle] = q1_primitives();
     let mut partials = Vec::new();
     let mut partial_schema = None;
-    let mut chunk = Vec::with_capacity(REFERENCE_CHUNK);
-    let mut blocks = blocks.peekable();
-    while blocks.peek().is_some() {
-        chunk.clear();
-        for b in blocks.by_ref().take(REFERENCE_CHUNK) {
-            chunk.push(b?);
-        }
-        let (s, scanned) = ops::run(&scan, schema.clone(), std::mem::take(&mut chunk)).await?;
+    for chunk in chunks(blocks) {
+        let (s, scanned) = ops::run(&scan, schema.clone(), chunk?).await?;
         let (ps, part) = ops::run(&bundle, s, scanned).await?;
         partial_schema = Some(ps);
         partials.extend(part);
@@ -362,17 +356,23 @@ pub async fn scan_streamed(
     let scan = scan_primitive();
     let mut rows = Vec::new();
     let mut out_schema = schema.clone();
-    let mut blocks = blocks.peekable();
-    while blocks.peek().is_some() {
-        let chunk = blocks
-            .by_ref()
-            .take(REFERENCE_CHUNK)
-            .collect::<Result<Vec<_>>>()?;
-        let (s, scanned) = ops::run(&scan, schema.clone(), chunk).await?;
+    for chunk in chunks(blocks) {
+        let (s, scanned) = ops::run(&scan, schema.clone(), chunk?).await?;
         out_schema = s;
         rows.extend(scanned);
     }
     order_scan(out_schema, rows).await
+}
+
+/// `blocks` [`REFERENCE_CHUNK`] at a time.
+fn chunks(
+    blocks: impl Iterator<Item = Result<RecordBatch>>,
+) -> impl Iterator<Item = Result<Vec<RecordBatch>>> {
+    let mut blocks = blocks.peekable();
+    std::iter::from_fn(move || {
+        blocks.peek()?;
+        Some(blocks.by_ref().take(REFERENCE_CHUNK).collect())
+    })
 }
 
 /// Q1's answer batch: the group keys and `count_order` from `groups`, the

@@ -947,31 +947,33 @@ fn mutual_tls_nodes_serve_only_clients_with_a_certificate_of_the_cluster_ca() {
     });
 }
 
+/// `batches` cut into row blocks of at most `rows` rows.
+fn blocks_of(
+    batches: &[arrow::record_batch::RecordBatch],
+    rows: usize,
+) -> Vec<arrow::record_batch::RecordBatch> {
+    batches
+        .iter()
+        .flat_map(|b| {
+            (0..b.num_rows())
+                .step_by(rows)
+                .map(move |at| b.slice(at, rows.min(b.num_rows() - at)))
+        })
+        .collect()
+}
+
 #[test]
 fn a_table_put_cut_short_stores_nothing_and_the_older_table_stays() {
-    use smartstore::access::{Credentials, Token, write_private};
     use smartstore::client::NodeClient;
-    use smartstore::node::PutCmd;
+    use smartstore::node::{InProcessNode, PutCmd};
     let rt = rt();
     rt.block_on(async {
         let work = tempfile::tempdir().unwrap();
-        let token = Token::generate(&work.path().join("token")).unwrap();
-        let members = work.path().join("members");
-        write_private(&members, "", true).unwrap();
-        let n = guarded_node(&work.path().join("n"), &token, &members, 1 << 30);
-        let mut c = NodeClient::connect_with(&n.addr, "main 0", &Credentials::token(token))
-            .await
-            .unwrap();
+        let n = InProcessNode::start(&work.path().join("n"), DeviceModel::None).unwrap();
+        let mut c = NodeClient::connect(&n.addr, "main 0").await.unwrap();
         let (schema, batches) = tpch::lineitem(SF).unwrap();
         // Row blocks of 5,000 rows: a dozen.
-        let batches: Vec<_> = batches
-            .iter()
-            .flat_map(|b| {
-                (0..b.num_rows())
-                    .step_by(5000)
-                    .map(move |at| b.slice(at, 5000.min(b.num_rows() - at)))
-            })
-            .collect();
+        let batches = blocks_of(&batches, 5000);
         c.put_table("lineitem", schema.clone(), batches[..2].to_vec())
             .await
             .unwrap();
@@ -1064,14 +1066,7 @@ fn a_placement_that_loses_a_node_leaves_no_partial_table_on_the_others() {
         let (schema, batches) = tpch::lineitem(SF).unwrap();
         // Blocks of 500 rows: the placement is still running when the lost
         // node's put fails.
-        let blocks: Vec<_> = batches
-            .iter()
-            .flat_map(|b| {
-                (0..b.num_rows())
-                    .step_by(500)
-                    .map(move |at| b.slice(at, 500.min(b.num_rows() - at)))
-            })
-            .collect();
+        let blocks = blocks_of(&batches, 500);
         let work = tempfile::tempdir().unwrap();
         let mut c = Cluster::launch(
             spec(Layout::Mirror, false),

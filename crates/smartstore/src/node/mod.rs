@@ -90,9 +90,6 @@ pub const DEFAULT_MEMORY: usize = 64 << 20;
 /// Where a stored object goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Placement {
-    /// Written to the device and synced: base partitions, which nothing
-    /// else can restore on this node.
-    Durable,
     /// Written to the device, not synced: materialised primitive outputs
     /// and checkpoints. They protect against the loss of a *node* (the
     /// copy is on another node); a power loss of the whole cluster
@@ -238,7 +235,7 @@ impl Node {
         let path = self.path(name)?;
         if placement != Placement::Memory {
             let t = Instant::now();
-            object::write_file(&path, &file, placement == Placement::Durable)?;
+            object::write_file(&path, &file)?;
             self.charge(file.len() as u64, t.elapsed(), stats);
             stats.bytes_written += file.len() as u64;
         }
@@ -342,7 +339,7 @@ impl Node {
             let file = columnar::table_file(schema, b)?;
             stats.compute_s += t.elapsed().as_secs_f64();
             let t = Instant::now();
-            object::write_file(&path, &file, placement == Placement::Durable)?;
+            object::write_file(&path, &file)?;
             self.charge(file.len() as u64, t.elapsed(), stats);
             stats.bytes_written += file.len() as u64;
             held.bytes += file.len();
@@ -351,13 +348,7 @@ impl Node {
             // A memory-only object replaces any older file of that name.
             let _ = std::fs::remove_file(&path);
         }
-        if placement == Placement::Durable {
-            // Base data lives on the device: a query reads it from there,
-            // as the paper's Scan does.
-            self.inner.lock().held.retain(|h| h.0 != name);
-        } else {
-            self.inner.lock().put(name, held);
-        }
+        self.inner.lock().put(name, held);
         Ok(())
     }
 
@@ -367,9 +358,9 @@ impl Node {
         columnar::TableWriter::create(&self.path(name)?, schema)
     }
 
-    /// Puts a table written by `writer` in place as base data (synced): on
-    /// the device, not held, as [`Placement::Durable`] stores it. `busy` is
-    /// the time its batches took to write.
+    /// Puts a table written by `writer` in place as base data, synced. It
+    /// is not held: a query reads base data off the device, as the paper's
+    /// Scan does. `busy` is the time its batches took to write.
     pub fn commit_table(
         &self,
         name: &str,

@@ -526,12 +526,7 @@ mod tests {
             .collect();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.obj");
-        object::write_file(
-            &path,
-            &columnar::table_file(&schema, &blocks).unwrap(),
-            false,
-        )
-        .unwrap();
+        object::write_file(&path, &columnar::table_file(&schema, &blocks).unwrap()).unwrap();
         let ((s, read), _) = columnar::read(&path, None).unwrap();
         assert!(read[0].get_array_memory_size() > MAX_BATCH_MESSAGE);
         let small = compact(read[7].clone()).unwrap();

@@ -139,7 +139,7 @@ impl Node {
         stats.raw_bytes += batches.iter().map(|b| data_bytes(b) as u64).sum::<u64>();
         let path = self.path(name)?;
         let t = Instant::now();
-        object::write_file(&path, &file, false)?;
+        object::write_file(&path, &file)?;
         self.charge(file.len() as u64, t.elapsed(), stats);
         stats.bytes_written += file.len() as u64;
         self.inner.lock().mark_on_device(name);

@@ -23,8 +23,8 @@
 
 use arrow::array::{Array, ArrayRef, AsArray, Decimal128Array, Int64Array, RecordBatch};
 use arrow::datatypes::{
-    DataType, Decimal32Type, Decimal64Type, Decimal128Type, FieldRef, Int8Type, Int16Type,
-    Int32Type, Int64Type, SchemaRef,
+    ArrowPrimitiveType, DataType, Decimal32Type, Decimal64Type, Decimal128Type, FieldRef, Int8Type,
+    Int16Type, Int32Type, Int64Type, SchemaRef,
 };
 use std::sync::Arc;
 
@@ -164,43 +164,32 @@ impl Vals<'_> {
     }
 }
 
+/// A narrower column's values, widened to `i64`.
+fn widen<T: ArrowPrimitiveType>(a: &ArrayRef) -> Vals<'static>
+where
+    T::Native: Into<i64>,
+{
+    Vals::Owned(
+        a.as_primitive::<T>()
+            .values()
+            .iter()
+            .map(|&v| v.into())
+            .collect(),
+    )
+}
+
 /// A column's values as `i64` (its own buffer when it is 64-bit); `None`
 /// past 64 bits or with nulls.
 fn column_i64(a: &ArrayRef) -> Option<Vals<'_>> {
     if a.null_count() > 0 {
         return None;
     }
-    let widen = |v: Vec<i64>| Some(Vals::Owned(v));
     match a.data_type() {
-        DataType::Int8 => widen(
-            a.as_primitive::<Int8Type>()
-                .values()
-                .iter()
-                .map(|&v| v as i64)
-                .collect(),
-        ),
-        DataType::Int16 => widen(
-            a.as_primitive::<Int16Type>()
-                .values()
-                .iter()
-                .map(|&v| v as i64)
-                .collect(),
-        ),
-        DataType::Int32 => widen(
-            a.as_primitive::<Int32Type>()
-                .values()
-                .iter()
-                .map(|&v| v as i64)
-                .collect(),
-        ),
+        DataType::Int8 => Some(widen::<Int8Type>(a)),
+        DataType::Int16 => Some(widen::<Int16Type>(a)),
+        DataType::Int32 => Some(widen::<Int32Type>(a)),
         DataType::Int64 => Some(Vals::Borrowed(a.as_primitive::<Int64Type>().values())),
-        DataType::Decimal32(..) => widen(
-            a.as_primitive::<Decimal32Type>()
-                .values()
-                .iter()
-                .map(|&v| v as i64)
-                .collect(),
-        ),
+        DataType::Decimal32(..) => Some(widen::<Decimal32Type>(a)),
         DataType::Decimal64(..) => Some(Vals::Borrowed(a.as_primitive::<Decimal64Type>().values())),
         DataType::Decimal128(..) => a
             .as_primitive::<Decimal128Type>()
@@ -341,19 +330,31 @@ fn eval_i128(x: &Scaled, batch: &RecordBatch) -> Option<Vec<i128>> {
     match &x.node {
         Node::Column { index } => column_i128(batch.column(*index)),
         Node::Literal(v) => Some(vec![*v; n]),
-        Node::Add(a, b) | Node::Sub(a, b) | Node::Mul(a, b) => {
-            let l = eval_i128(a, batch)?;
-            let r = eval_i128(b, batch)?;
-            l.iter()
-                .zip(&r)
-                .map(|(&l, &r)| match &x.node {
-                    Node::Add(..) => l.checked_add(r),
-                    Node::Sub(..) => l.checked_sub(r),
-                    _ => l.checked_mul(r),
-                })
-                .collect()
-        }
+        Node::Add(a, b) => zip_checked(
+            eval_i128(a, batch)?,
+            eval_i128(b, batch)?,
+            i128::checked_add,
+        ),
+        Node::Sub(a, b) => zip_checked(
+            eval_i128(a, batch)?,
+            eval_i128(b, batch)?,
+            i128::checked_sub,
+        ),
+        Node::Mul(a, b) => zip_checked(
+            eval_i128(a, batch)?,
+            eval_i128(b, batch)?,
+            i128::checked_mul,
+        ),
     }
+}
+
+/// `op` over `l` and `r` row by row; `None` when any overflows.
+fn zip_checked(
+    l: Vec<i128>,
+    r: Vec<i128>,
+    op: impl Fn(i128, i128) -> Option<i128>,
+) -> Option<Vec<i128>> {
+    l.into_iter().zip(r).map(|(l, r)| op(l, r)).collect()
 }
 
 /// The columns `x` reads.

@@ -137,14 +137,7 @@ fn first_pass(
     script: &Path,
     parquet: &Path,
 ) -> anyhow::Result<FirstPass> {
-    let mut convert = Command::new("python3")
-        .arg(script)
-        .arg("convert")
-        .arg(parquet)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .context("starting the DuckDB peer's Parquet conversion")?;
+    let mut convert = peer(script, "convert", parquet)?;
     let stdin = convert.stdin.take().expect("piped");
     let (schema, mut blocks) = tpch::lineitem_blocks(sf)?;
     let bar = progress(
@@ -219,6 +212,18 @@ fn first_pass(
     })
 }
 
+/// Starts the DuckDB peer's `mode` over `parquet`, talking over pipes.
+fn peer(script: &Path, mode: &str, parquet: &Path) -> anyhow::Result<std::process::Child> {
+    Command::new("python3")
+        .arg(script)
+        .arg(mode)
+        .arg(parquet)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting the DuckDB peer ({mode})"))
+}
+
 /// The DuckDB peer: one process, one Q1 per request.
 struct Duck {
     child: std::process::Child,
@@ -229,14 +234,7 @@ struct Duck {
 
 impl Duck {
     fn start(script: &Path, parquet: &Path) -> anyhow::Result<Duck> {
-        let mut child = Command::new("python3")
-            .arg(script)
-            .arg("serve")
-            .arg(parquet)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .context("starting the DuckDB peer")?;
+        let mut child = peer(script, "serve", parquet)?;
         let input = child.stdin.take();
         let output = BufReader::new(child.stdout.take().expect("piped"));
         let mut d = Duck {
