@@ -219,6 +219,37 @@ fn bench_badpath_refuses_bad_flags_before_running() {
     }
 }
 
+/// `rebound bench output-commit` checks its flags before it starts any
+/// server: an unknown row, an interval or a round count out of range, is
+/// named.
+#[cfg(feature = "experiments")]
+#[test]
+fn bench_output_commit_refuses_bad_flags_before_running() {
+    let out = std::env::temp_dir().join("rebound-output-commit-flags");
+    for (args, expect) in [
+        (vec!["--schemes", "buffering,bogus"], "unknown row \"bogus\""),
+        (vec!["--intervals", "0"], "--intervals: 0 ms is outside"),
+        (vec!["--intervals", "20,x"], "invalid value"),
+        (vec!["--rounds", "0"], "--rounds must be within"),
+        (vec!["--rollbacks", "1001"], "--rollbacks must be within"),
+    ] {
+        let o = Command::new(env!("CARGO_BIN_EXE_rebound"))
+            .args(["bench", "output-commit", "--quick", "--out"])
+            .arg(&out)
+            .args(&args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{args:?} was accepted");
+        assert!(err.contains(expect), "{args:?}: {err}");
+        assert!(
+            o.stdout.is_empty(),
+            "{args:?}: refused only after running: {}",
+            String::from_utf8_lossy(&o.stdout)
+        );
+    }
+}
+
 /// `--help` offers exactly the subcommands this build has: the server's
 /// always, `node`/`query` with the `smartstore` feature, `bench`/`demo`
 /// with `experiments`.

@@ -613,3 +613,69 @@ fn a_read_of_a_damaged_record_is_answered_eio_without_a_rollback() {
     assert_eq!(common::rung_count(&status, "system"), 0, "{status}");
     assert!(status.contains("lost tracks: 1 "), "{status}");
 }
+
+/// A write's reply leaves at the commit that cuts its epoch: its data is
+/// in the NVS, so it waits for no device write and no device sync, even
+/// when the commit carries held destage writes and the devices' syncs are
+/// slow. A FLUSH's reply does wait for them, and after it the device holds
+/// every write. A client with one request in flight is stalled on the
+/// server, so its epochs end as soon as the controller is idle.
+#[test]
+fn a_writes_reply_leaves_at_the_cut_and_only_a_flush_waits_for_the_device_sync() {
+    let server = Server::start(
+        "16M",
+        &[
+            "--output-commit",
+            "buffering",
+            "--checkpoint-interval",
+            "20ms",
+        ],
+    );
+    let mut c = Raw::go(&server.addr);
+    let sync = Duration::from_millis(400);
+    server
+        .admin(&format!(
+            "inject device-latency 0 op=sync duration={}ms",
+            sync.as_millis()
+        ))
+        .unwrap();
+    // Spread over several destage ticks (100 ms), so commits carry held
+    // destage writes while the writes go on.
+    let mut slowest = Duration::ZERO;
+    for i in 0..60u64 {
+        let sent = Instant::now();
+        write(&mut c, i, i, 0x60 + i as u8);
+        reply_ok(&mut c, i, 0);
+        slowest = slowest.max(sent.elapsed());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let status = server.admin("status").unwrap();
+    assert!(
+        status_field(&status, "held; ", " commits") > 0,
+        "no commit: {status}"
+    );
+    assert!(
+        slowest < sync / 2,
+        "a write's reply took {slowest:?}: it waited for a device sync of {sync:?}"
+    );
+    assert!(
+        status_field(&status, "epochs ended early: ", " when idle") > 0,
+        "a client with one request in flight never made an epoch end when idle: {status}"
+    );
+    let sent = Instant::now();
+    c.request(raw::CMD_FLUSH, 0, 100, 0, 0);
+    reply_ok(&mut c, 100, 0);
+    let flush_took = sent.elapsed();
+    assert!(
+        flush_took >= sync,
+        "the FLUSH was answered after {flush_took:?}, without the device sync of {sync:?}"
+    );
+    for t in 0..60u64 {
+        assert!(
+            device_track(&server, t)
+                .iter()
+                .all(|&b| b == 0x60 + t as u8),
+            "track {t} is not on the device after the FLUSH"
+        );
+    }
+}

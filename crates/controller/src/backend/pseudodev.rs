@@ -6,7 +6,7 @@
 //! | scheme | on write (epoch e open) | at commit of e | at rollback of e |
 //! |---|---|---|---|
 //! | `stall` | hold the data in memory | write it to the target | drop it |
-//! | `buffering` | write it to the buffer area (a file beside the devices) | copy buffer to target | drop the buffer entry |
+//! | `buffering` | write it to the buffer area (a file beside the devices) and keep it in memory | write the memory copy to the target | drop the buffer entry |
 //! | `logging` | copy the old data aside, write in place | drop the old copy | write the old data back (newest first) |
 //! | `renaming` | write to a fresh slot of the rename area | remap the track there (durably), free its old slot | free the fresh slot |
 //!
@@ -89,8 +89,10 @@ impl OutputCommit {
 enum Data {
     /// In memory (stall).
     Memory(Arc<[u8]>),
-    /// In a slot of the buffer area (buffering).
-    Buffer(u32),
+    /// In a slot of the buffer area, and in memory (buffering: the paper's
+    /// "data written to the memory and the disk buffer"; the memory copy
+    /// serves the commit and reads, so neither reads the buffer area).
+    Buffer(u32, Arc<[u8]>),
     /// In a fresh slot of the rename area (renaming).
     Renamed(Renamed),
 }
@@ -247,8 +249,11 @@ impl PseudoDevice {
                 let mut st = self.state.lock();
                 let data = if let Some(b) = &mut st.buffer {
                     let slot = b.alloc();
-                    b.file.write_all_at(data, BufferArea::offset(slot))?;
-                    Data::Buffer(slot)
+                    if let Err(e) = b.file.write_all_at(data, BufferArea::offset(slot)) {
+                        b.free.push(slot);
+                        return Err(e);
+                    }
+                    Data::Buffer(slot, Arc::from(data))
                 } else if let Some(m) = &mut st.rename {
                     let slot = m.alloc();
                     match m.write_slot(slot, data) {
@@ -296,16 +301,9 @@ impl PseudoDevice {
 
     fn load(st: &State, h: &Held, out: &mut [u8]) -> std::io::Result<()> {
         match &h.data {
-            Data::Memory(m) => {
+            Data::Memory(m) | Data::Buffer(_, m) => {
                 out.copy_from_slice(m);
                 Ok(())
-            }
-            Data::Buffer(slot) => {
-                let b = st
-                    .buffer
-                    .as_ref()
-                    .expect("buffer slots exist only with a buffer area");
-                b.file.read_exact_at(out, BufferArea::offset(*slot))
             }
             Data::Renamed(r) => st
                 .rename
@@ -377,7 +375,6 @@ impl PseudoDevice {
         let order = std::mem::replace(&mut st.order, later);
         let mut taken = Vec::new();
         let mut result = Ok(());
-        let mut buf = vec![0u8; TRACK_BYTES];
         let mut seen = rustc_hash::FxHashSet::default();
         let order: Vec<u64> = order.into_values().flatten().collect();
         let mut stopped = false;
@@ -410,8 +407,7 @@ impl PseudoDevice {
                         }
                     })
                 }
-                _ => Self::load(&st, &list[n - 1], &mut buf)
-                    .and_then(|()| volume.write_track(track, &buf)),
+                Data::Memory(m) | Data::Buffer(_, m) => volume.write_track(track, &m),
             };
             if let Err(e) = written {
                 // Left held, and back in the order: the next commit tries
@@ -427,7 +423,7 @@ impl PseudoDevice {
                 st.by_track.remove(&track);
             }
             for h in done {
-                if let (Data::Buffer(slot), Some(b)) = (&h.data, st.buffer.as_mut()) {
+                if let (Data::Buffer(slot, _), Some(b)) = (&h.data, st.buffer.as_mut()) {
                     b.free.push(*slot);
                 }
                 taken.push(h);
@@ -457,7 +453,7 @@ impl PseudoDevice {
             let keep = list.iter().take_while(|h| h.epoch < epoch).count();
             for h in list.drain(keep..) {
                 match &h.data {
-                    Data::Buffer(slot) => freed.push(*slot),
+                    Data::Buffer(slot, _) => freed.push(*slot),
                     Data::Renamed(r) => unrenamed.push(r.slot),
                     Data::Memory(_) => {}
                 }

@@ -85,13 +85,16 @@ fn output_commit(out: &mut String, ctl: &Controller) {
         e.scheme().name(),
         if e.enabled() {
             format!(
-                ", epoch {} every {:?}; {} replies and {} device writes held; {} commits, {} rollbacks",
+                ", epoch {} every {:?}; {} replies and {} device writes held; {} commits, {} rollbacks; epochs ended early: {} when idle, {} when output waited {:?}",
                 e.open(),
                 e.interval(),
                 e.held_replies(),
                 e.device.held(),
                 st.commits.load(std::sync::atomic::Ordering::Relaxed),
-                st.rollbacks.load(std::sync::atomic::Ordering::Relaxed)
+                st.rollbacks.load(std::sync::atomic::Ordering::Relaxed),
+                st.idle_commits.load(std::sync::atomic::Ordering::Relaxed),
+                st.wait_commits.load(std::sync::atomic::Ordering::Relaxed),
+                crate::engine::epoch::OUTPUT_WAIT_MAX,
             )
         } else {
             " (no epochs; rollback escalates to rung 4)".to_owned()

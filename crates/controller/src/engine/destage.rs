@@ -149,8 +149,15 @@ impl DestageQueue {
         }
         // Counted until settled, so a quiesce (rung 4) waits for them.
         self.inflight.fetch_add(1, Ordering::AcqRel);
-        self.unsynced.lock().push(written);
-        self.unsynced_arrived.notify_one();
+        let mut pending = self.unsynced.lock();
+        pending.push(written);
+        // The syncer waits for the first batch, then for its interval (or
+        // a hurry, or a short NVS: re-checked on every arrival). Under
+        // output commit a commit hands over a batch every few hundred
+        // microseconds: wake it for the first, and then only every 64th.
+        if pending.len() % 64 == 1 {
+            self.unsynced_arrived.notify_one();
+        }
     }
 
     /// The device error failing destages now, if the last one failed.
@@ -454,6 +461,24 @@ fn end(ctl: &Engine, track: u64, d: crate::store::cache::Dirty, written: bool) {
 /// `written` false, was dropped by a rollback): end its destage.
 pub(crate) fn end_held(ctl: &Engine, track: u64, d: crate::store::cache::Dirty, written: bool) {
     end(ctl, track, d, written);
+}
+
+/// Held destage writes a commit put on their devices, with no FLUSH or FUA
+/// waiting for them: the syncer makes them durable and ends their destages,
+/// as it does for background destage without output commit (one sync
+/// shared by everything written meanwhile), so a commit does not sync the
+/// devices on its own. `ticket` was taken before the writes.
+pub(crate) fn hand_over_held(
+    ctl: &Engine,
+    written: impl IntoIterator<Item = (u64, crate::store::cache::Dirty)>,
+    ticket: u64,
+) {
+    ctl.destage.hand_over(
+        written
+            .into_iter()
+            .map(|(track, d)| Unsynced { track, d, ticket })
+            .collect(),
+    );
 }
 
 fn read_record(

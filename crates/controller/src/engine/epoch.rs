@@ -23,10 +23,15 @@
 //!
 //! A commit is a consistent cut: stages that change the directory hold the
 //! epoch lock shared ([`Epochs::changing`]); the commit takes it
-//! exclusively for the copy and the epoch switch (microseconds), then,
-//! outside it, writes the epoch's held device writes to their targets, ends
-//! their destages, gives back retired NVS slots, and sends the held
-//! replies, in that order.
+//! exclusively for the copy and the epoch switch (microseconds). The cut
+//! is the checkpoint: the epoch is committed, and its held replies leave
+//! at once, except those of FLUSH and FUA. Then, outside the lock, the
+//! commit writes the epoch's held device writes to their targets, syncs
+//! the devices, ends those destages, gives back retired NVS slots, and
+//! only then sends the FLUSH and FUA replies, whose success promises the
+//! device writes. A write's reply needs no device write: its data is in
+//! the NVS, whose record stays valid (and named by the checkpoint) until
+//! its destage ends, exactly as without output commit.
 //!
 //! # Rollback
 //!
@@ -39,7 +44,7 @@
 //!
 //! [`Cache::take_changes`]: crate::store::cache::Cache::take_changes
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -73,6 +78,12 @@ pub struct EpochStats {
     pub entries_copied: AtomicU64,
     /// Replies released by commits.
     pub replies_released: AtomicU64,
+    /// Commits that ended their epoch early: the controller went idle
+    /// with a client stalled on held output.
+    pub idle_commits: AtomicU64,
+    /// Commits that ended their epoch early: its first held reply had
+    /// waited [`OUTPUT_WAIT_MAX`].
+    pub wait_commits: AtomicU64,
     /// Device writes released by commits.
     pub writes_released: AtomicU64,
     /// Rollbacks.
@@ -88,6 +99,26 @@ pub struct Epochs {
     /// Set when output waits and the pipeline went idle; wakes the
     /// checkpoint thread.
     idle_kick: Mutex<bool>,
+    /// A kick is on its way to the checkpoint thread: further ones skip
+    /// the lock and the wake-up (the pipeline can go idle tens of
+    /// thousands of times a second).
+    kick_pending: AtomicBool,
+    /// When the open epoch's first reply was held (nanoseconds since
+    /// `born`; 0: none held yet): with commits when idle, the epoch also
+    /// ends [`OUTPUT_WAIT_MAX`] after it.
+    first_held_ns: AtomicU64,
+    born: Instant,
+    /// Connections reading requests, and those of them with no whole
+    /// request left to read ([`Epochs::reader_drained`]): the controller
+    /// is idle only when every one is drained and no request is in the
+    /// pipeline. A pipeline that empties between two bursts of arrivals
+    /// is not idle: committing there ends epochs of a few replies each.
+    readers: AtomicI64,
+    readers_drained: AtomicI64,
+    /// Drained readers whose client was stalled on this server when they
+    /// drained: only output such a client waits for makes an idle commit
+    /// worth its cost.
+    readers_stalled: AtomicI64,
     kicked: Condvar,
     /// Shared by stages changing the directory; exclusive for a cut.
     lock: RwLock<()>,
@@ -138,6 +169,12 @@ impl Epochs {
             interval,
             when_idle,
             idle_kick: Mutex::new(false),
+            kick_pending: AtomicBool::new(false),
+            first_held_ns: AtomicU64::new(0),
+            born: Instant::now(),
+            readers: AtomicI64::new(0),
+            readers_drained: AtomicI64::new(0),
+            readers_stalled: AtomicI64::new(0),
             kicked: Condvar::new(),
             lock: RwLock::new(()),
             serial: Mutex::new(()),
@@ -193,22 +230,86 @@ impl Epochs {
         self.enabled().then(|| self.lock.read())
     }
 
+    /// A connection starts reading requests (`true`) or stops (`false`).
+    pub(crate) fn reader(&self, open: bool) {
+        self.readers
+            .fetch_add(if open { 1 } else { -1 }, Ordering::AcqRel);
+    }
+
+    /// A connection's reader has no whole request left to read: it is
+    /// about to wait for its client. `stalled`: that client has all it can
+    /// have in flight here (`Connection::stalled`). With `pipeline_empty`,
+    /// the reader that drains last makes the controller idle, and held
+    /// output leaves now (with commits when idle on) if some client is
+    /// stalled on it.
+    pub(crate) fn reader_drains(&self, stalled: bool, pipeline_empty: bool) {
+        if stalled {
+            self.readers_stalled.fetch_add(1, Ordering::AcqRel);
+        }
+        self.readers_drained.fetch_add(1, Ordering::AcqRel);
+        if self.when_idle && pipeline_empty && self.idle() && self.held_replies() > 0 {
+            self.kick_idle();
+        }
+    }
+
+    /// A drained reader (see [`Epochs::reader_drains`], with the
+    /// `stalled` it gave) has read a request again.
+    pub(crate) fn reader_reads(&self, stalled: bool) {
+        if stalled {
+            self.readers_stalled.fetch_sub(1, Ordering::AcqRel);
+        }
+        self.readers_drained.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Whether the controller is idle for a commit: every connection's
+    /// reader is drained and some client is stalled on held output (see
+    /// [`Epochs::reader_drains`]); true with no connection (requests
+    /// submitted in-process).
+    pub(crate) fn idle(&self) -> bool {
+        let readers = self.readers.load(Ordering::Acquire);
+        readers == 0
+            || (self.readers_drained.load(Ordering::Acquire) >= readers
+                && self.readers_stalled.load(Ordering::Acquire) > 0)
+    }
+
+    /// The controller went idle with output waiting: wake the checkpoint
+    /// thread (once until it takes the kick).
+    fn kick_idle(&self) {
+        if self.kick_pending.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        *self.idle_kick.lock() = true;
+        self.kicked.notify_one();
+    }
+
     /// Put a finished request's reply in the output gate; `idle`: no
-    /// request is left in the pipeline (with commits when idle on, the
-    /// epoch commits now rather than at its interval).
+    /// request is left in the pipeline and the controller is idle (see
+    /// [`Epochs::idle`]; with commits when idle on, the epoch commits now
+    /// rather than at its interval).
     pub(crate) fn hold_reply(
         &self,
         req: Box<Request>,
         result: Result<(), (NbdError, String)>,
         idle: bool,
     ) {
-        {
+        let first = {
             let _shared = self.lock.read();
             let epoch = self.open();
-            self.replies.lock().push(HeldReply { epoch, req, result });
+            let mut replies = self.replies.lock();
+            replies.push(HeldReply { epoch, req, result });
+            replies.len() == 1
+        };
+        if !self.when_idle {
+            return;
         }
-        if idle && self.when_idle {
-            *self.idle_kick.lock() = true;
+        if idle {
+            self.kick_idle();
+        } else if first {
+            // The epoch's first held output: the checkpoint thread ends
+            // the epoch at most OUTPUT_WAIT_MAX from now.
+            let now = (self.born.elapsed().as_nanos() as u64).max(1);
+            self.first_held_ns.store(now, Ordering::Release);
+            let _kick = self.idle_kick.lock();
             self.kicked.notify_one();
         }
     }
@@ -274,8 +375,10 @@ impl Epochs {
         self.commit_serial(ctl)
     }
 
-    /// [`Epochs::commit`] with `serial` held by the caller.
-    pub(crate) fn commit_serial(&self, ctl: &Arc<Engine>) -> u64 {
+    /// The cut: copy the epoch's directory changes into the checkpoint
+    /// image and open the next epoch, under the cut lock; the epoch is then
+    /// committed. Returns it, its held replies and its retired slots.
+    fn cut(&self, ctl: &Engine) -> (u64, Vec<HeldReply>, Vec<(u64, u32)>) {
         let cut_started = Instant::now();
         let (epoch, replies, retired) = {
             let _cut = self.lock.write();
@@ -295,18 +398,45 @@ impl Epochs {
                 .fetch_add(copied, Ordering::Relaxed);
             let replies = std::mem::take(&mut *self.replies.lock());
             let retired = std::mem::take(&mut *self.retired.lock());
+            self.first_held_ns.store(0, Ordering::Release);
             self.open.store(epoch + 1, Ordering::Release);
             (epoch, replies, retired)
         };
         let cut = cut_started.elapsed().as_nanos() as u64;
         self.stats.cut_ns.fetch_add(cut, Ordering::Relaxed);
         self.stats.cut_ns_max.fetch_max(cut, Ordering::Relaxed);
-        // Outputs of `epoch`, in order: device writes, their destages,
-        // slots, durability, replies. A rollback waiting for us stops the
-        // device writes early: the rest stay held and it drops them (their
-        // records are still dirty), and the replies go back to the gate:
-        // their requests run again after the rollback (each is answered
-        // once, then).
+        // The cut is the checkpoint: `epoch` is committed. Count it before
+        // any of its replies leave, so whoever reads a released reply also
+        // sees the commit that released it.
+        *self.committed.lock() = epoch;
+        self.stats.commits.fetch_add(1, Ordering::Relaxed);
+        self.advanced.notify_all();
+        (epoch, replies, retired)
+    }
+
+    /// [`Epochs::commit`] with `serial` held by the caller.
+    pub(crate) fn commit_serial(&self, ctl: &Arc<Engine>) -> u64 {
+        let (epoch, replies, retired) = self.cut(ctl);
+        // Replies that promise nothing about the devices leave now (the
+        // paper's network output is released at the checkpoint's commit;
+        // a write's data is safe in the NVS, whose record the checkpoint
+        // names until the write reaches its target). Only a FLUSH or FUA
+        // waits for the device writes and the sync below.
+        let (durable, replies): (Vec<HeldReply>, Vec<HeldReply>) = replies
+            .into_iter()
+            .partition(|r| r.req.promises_durability());
+        self.stats
+            .replies_released
+            .fetch_add(replies.len() as u64, Ordering::Relaxed);
+        release_replies(epoch, replies, None);
+        // Then the epoch's device outputs, in order: device writes, their
+        // destages, slots, durability, the FLUSH and FUA replies. A
+        // rollback waiting for us stops the device writes early: the rest
+        // stay held and it drops them (their records are still dirty and
+        // are destaged again), and the held FLUSH and FUA replies go back
+        // to the gate: their requests run again after the rollback (each
+        // is answered once, then).
+        let ticket = ctl.volume.sync_ticket();
         let (writes, written, stopped) = self
             .device
             .commit(&ctl.volume, epoch, &|| self.preempt.load(Ordering::Acquire));
@@ -314,11 +444,14 @@ impl Epochs {
             tracing::error!(error = %e, epoch, "output commit: some held writes stay held");
         }
         // The released writes are durable (and their records may go) only
-        // once a device sync covers them; a FUA or FLUSH held in the epoch
-        // asks for the sync too.
+        // once a device sync covers them. A FUA or FLUSH held in the epoch
+        // needs that sync now; renaming's map must be synced with its data.
+        // Otherwise the destage syncer covers them with its next sync, as
+        // it covers background destage without output commit.
         let want_sync = self.sync_needed.swap(false, Ordering::AcqRel);
+        let defer = !want_sync && durable.is_empty() && self.scheme != OutputCommit::Renaming;
         let any_output = want_sync || !writes.is_empty();
-        let synced = if any_output {
+        let synced = if any_output && !defer {
             ctl.volume.sync().and_then(|()| self.device.sync())
         } else {
             Ok(())
@@ -329,8 +462,16 @@ impl Epochs {
         self.stats
             .writes_released
             .fetch_add(writes.len() as u64, Ordering::Relaxed);
-        for h in writes {
-            crate::engine::destage::end_held(ctl, h.track, h.destage, synced.is_ok());
+        if defer {
+            crate::engine::destage::hand_over_held(
+                ctl,
+                writes.into_iter().map(|h| (h.track, h.destage)),
+                ticket,
+            );
+        } else {
+            for h in writes {
+                crate::engine::destage::end_held(ctl, h.track, h.destage, synced.is_ok());
+            }
         }
         // What FLUSH and FUA replies of this epoch promised: every write
         // held up to the epoch on a device, durably.
@@ -351,20 +492,14 @@ impl Epochs {
             }
             let mut held = self.replies.lock();
             let later = std::mem::take(&mut *held);
-            held.extend(replies);
+            held.extend(durable);
             held.extend(later);
             return epoch;
         }
-        // The epoch is committed (its writes are durable): count it before
-        // its replies leave, so whoever reads a released reply also sees
-        // the commit that released it.
-        *self.committed.lock() = epoch;
-        self.stats.commits.fetch_add(1, Ordering::Relaxed);
-        self.advanced.notify_all();
         self.stats
             .replies_released
-            .fetch_add(replies.len() as u64, Ordering::Relaxed);
-        release_replies(epoch, replies, durability.as_deref());
+            .fetch_add(durable.len() as u64, Ordering::Relaxed);
+        release_replies(epoch, durable, durability.as_deref());
         if !ctl.destage.is_empty() {
             // Destages ended by this commit may have requeued tracks.
             crate::engine::destage::kick(ctl);
@@ -432,9 +567,19 @@ pub(crate) struct RollbackCut<'a> {
 /// Shortest epoch when commits when idle are on: bounds the commit rate.
 const EPOCH_MIN: Duration = Duration::from_micros(100);
 
+/// With commits when idle on, the longest a held reply waits for its
+/// epoch to end while the pipeline never goes idle (a load with many
+/// requests in flight). Without it such a load sees fixed epochs: every
+/// reply of an epoch leaves in one burst at its end, the clients answer
+/// in one burst, and on few cores the controller and its clients take
+/// turns instead of running side by side. Commits are incremental and
+/// cost microseconds, so ending epochs this early is cheap.
+pub const OUTPUT_WAIT_MAX: Duration = Duration::from_millis(1);
+
 /// Start the checkpoint thread: commits every interval (and, with commits
 /// when idle, as soon as output waits and the pipeline is idle, at most
-/// every [`EPOCH_MIN`]) until the controller is gone.
+/// every [`EPOCH_MIN`], or once output has waited [`OUTPUT_WAIT_MAX`])
+/// until the controller is gone.
 pub(crate) fn start(ctl: &Arc<Engine>) -> std::io::Result<()> {
     if !ctl.epochs.enabled() {
         return Ok(());
@@ -453,6 +598,14 @@ pub(crate) fn start(ctl: &Arc<Engine>) -> std::io::Result<()> {
                     let mut kick = e.idle_kick.lock();
                     loop {
                         let now = Instant::now();
+                        // The open epoch's output has waited long enough.
+                        let waited = match e.first_held_ns.load(Ordering::Acquire) {
+                            0 => None,
+                            ns => Some(e.born + Duration::from_nanos(ns) + OUTPUT_WAIT_MAX),
+                        }
+                        .filter(|_| e.when_idle)
+                        .map(|w| w.max(last + EPOCH_MIN));
+                        let deadline = waited.map_or(deadline, |w| w.min(deadline));
                         if now >= deadline || (*kick && now >= last + EPOCH_MIN) {
                             break;
                         }
@@ -463,6 +616,17 @@ pub(crate) fn start(ctl: &Arc<Engine>) -> std::io::Result<()> {
                         if ctl.is_closed() {
                             return;
                         }
+                    }
+                    // Under the lock, so a kick on its way sets it again.
+                    e.kick_pending.store(false, Ordering::Release);
+                    let now = Instant::now();
+                    if now < last + interval {
+                        let why = if *kick {
+                            &e.stats.idle_commits
+                        } else {
+                            &e.stats.wait_commits
+                        };
+                        why.fetch_add(1, Ordering::Relaxed);
                     }
                     *kick = false;
                 }

@@ -464,7 +464,7 @@ impl Request {
             if self.header.kind == cmd::FLUSH || self.header.flags & cflags::FUA != 0 {
                 ctl.epochs.need_sync();
             }
-            let idle = ctl.system.in_pipeline() == 0;
+            let idle = ctl.system.in_pipeline() == 0 && ctl.epochs.idle();
             ctl.epochs.hold_reply(
                 Box::new(self),
                 result.map_err(|(e, m)| (e, m.to_owned())),

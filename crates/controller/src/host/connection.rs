@@ -137,6 +137,12 @@ pub struct Connection {
     reader_corked: AtomicBool,
     /// Requests admitted and not finished.
     inflight: AtomicU32,
+    /// The most requests this client had in flight lately (halved each
+    /// second it does not reach it again): its queue depth, as far as the
+    /// server can tell. See [`Connection::stalled`].
+    peak_inflight: AtomicU32,
+    /// Milliseconds since `born` of the last halving of `peak_inflight`.
+    peak_at_ms: AtomicU64,
     /// Bytes charged by admitted requests whose replies have not left.
     charged: AtomicU64,
     /// Milliseconds since `born` of the last bytes read from the client.
@@ -158,6 +164,8 @@ impl Connection {
             reader_waiting: AtomicBool::new(false),
             reader_corked: AtomicBool::new(false),
             inflight: AtomicU32::new(0),
+            peak_inflight: AtomicU32::new(0),
+            peak_at_ms: AtomicU64::new(0),
             charged: AtomicU64::new(0),
             last_read_ms: AtomicU64::new(0),
             born: Instant::now(),
@@ -496,8 +504,27 @@ impl Connection {
             }
         }
         self.charged.fetch_add(charge, Ordering::SeqCst);
-        self.inflight.fetch_add(1, Ordering::SeqCst);
+        let now = self.inflight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.peak_inflight.fetch_max(now, Ordering::Relaxed);
         true
+    }
+
+    /// Whether the client waits on this server for all it can have in
+    /// flight: its reader is drained and the requests it has here are
+    /// (about) as many as it has had in flight lately. A client that
+    /// keeps most of its queue depth elsewhere (in its own queues, in the
+    /// network) is not stalled, and output waiting for a commit does not
+    /// hold it up.
+    fn stalled(&self) -> bool {
+        let now_ms = self.born.elapsed().as_millis() as u64;
+        let inflight = self.inflight.load(Ordering::SeqCst);
+        let mut peak = self.peak_inflight.load(Ordering::Relaxed);
+        if now_ms.saturating_sub(self.peak_at_ms.load(Ordering::Relaxed)) >= 1000 {
+            self.peak_at_ms.store(now_ms, Ordering::Relaxed);
+            peak = (peak / 2).max(inflight);
+            self.peak_inflight.store(peak, Ordering::Relaxed);
+        }
+        inflight > 0 && inflight >= peak - peak / 4
     }
 
     fn wait_idle(&self) {
@@ -743,6 +770,7 @@ pub fn serve(ctl: Arc<Controller>, socket: Socket, negotiated: Negotiated, id: u
             },
         ),
         done: false,
+        drained: None,
     });
     let threads = conn.ctl.config.connection_threads.max(1);
     let lead = Arc::new(Lead::default());
@@ -754,6 +782,9 @@ pub fn serve(ctl: Arc<Controller>, socket: Socket, negotiated: Negotiated, id: u
             tracing::warn!(conn = id, error = %e, "could not start the connection's sender; closing");
             return Ok(());
         }
+        // Counted by the output gate while it reads (commits when idle).
+        let epochs = &conn.ctl.engine().epochs;
+        epochs.reader(true);
         let helpers: Vec<_> = (1..threads)
             .filter_map(|k| {
                 let spawned = std::thread::Builder::new()
@@ -772,6 +803,10 @@ pub fn serve(ctl: Arc<Controller>, socket: Socket, negotiated: Negotiated, id: u
                 reason = theirs;
             }
         }
+        if let Some(stalled) = input.lock().drained.take() {
+            epochs.reader_reads(stalled);
+        }
+        epochs.reader(false);
         conn.wait_idle();
         // Every reply is queued: let the drainer finish sending and leave.
         let mut outbox = conn.outbox.lock();
@@ -844,6 +879,10 @@ struct Input<'a> {
     r: BufReader<Patient<'a>>,
     /// The client disconnected or violated the protocol: stop reading.
     done: bool,
+    /// No whole request is buffered: the next read may wait for the
+    /// client (`Some(stalled)`, counted by the output gate:
+    /// `Epochs::reader_drains`).
+    drained: Option<bool>,
 }
 
 /// Which of a connection's threads holds the read side.
@@ -934,8 +973,19 @@ fn read_loop(
                     conn.reader_cork();
                 } else {
                     conn.reader_uncork();
+                    if input.drained.is_none() {
+                        let stalled = conn.stalled();
+                        input.drained = Some(stalled);
+                        let engine = ctl.engine();
+                        engine
+                            .epochs
+                            .reader_drains(stalled, engine.system.in_pipeline() == 0);
+                    }
                 }
                 let read = next_request(conn, &mut input.r, &mut raw);
+                if let Some(stalled) = input.drained.take() {
+                    ctl.engine().epochs.reader_reads(stalled);
+                }
                 if !matches!(read, Ok(Some(_))) {
                     input.done = true;
                 }

@@ -46,9 +46,23 @@ pub struct OutputCommitArgs {
     /// both or neither).
     #[arg(long)]
     jobs: Option<u32>,
-    /// Rollbacks injected per scheme at T = 20 ms [default: 20, or 5 with --quick].
+    /// Rollbacks injected per scheme at T = 20 ms [default: 20, or 5 with
+    /// --quick; 0: no rollback table].
     #[arg(long)]
     rollbacks: Option<u32>,
+    /// Checkpoint intervals T to measure, in ms, comma-separated
+    /// [default: 5,10,20,40,80,160; --quick: 20].
+    #[arg(long, value_delimiter = ',')]
+    intervals: Option<Vec<u64>>,
+    /// Rows to measure, comma-separated, from off, stall, buffering,
+    /// logging, renaming, fixed (buffering with fixed epochs) [default:
+    /// all; off is always measured, as every row's peer].
+    #[arg(long, value_delimiter = ',')]
+    schemes: Option<Vec<String>>,
+    /// Rounds: every cell is measured once per round, the rounds
+    /// interleaved, and the table gives each cell's median [default: 1].
+    #[arg(long, default_value_t = 1)]
+    rounds: u32,
 }
 
 /// The rows: off, each scheme with commits when idle (the default), and
@@ -152,38 +166,85 @@ impl Load {
 
 type Cell<'a> = (&'a str, u64, [Fio; 2]);
 
+/// What to measure: rows, intervals and rounds.
+struct Plan<'a> {
+    schemes: Vec<&'a str>,
+    intervals: Vec<u64>,
+    rounds: u32,
+}
+
 fn measure<'a>(
     load: Load,
-    intervals: &[u64],
+    plan: &Plan<'a>,
     runtime: u32,
     work: &std::path::Path,
     port: u16,
 ) -> anyhow::Result<Vec<Cell<'a>>> {
     let depth = (load.iodepth, load.jobs);
-    let mut cells: Vec<Cell<'a>> = Vec::new();
+    let mut runs: Vec<Cell<'a>> = Vec::new();
     // Off runs at every T too, next to the schemes it is compared with:
     // this host's throughput drifts by more than the effect measured.
-    let runs = SCHEMES.len() as u64 * intervals.len() as u64;
-    let bar = crate::report::progress(runs, "cells");
-    for &t in intervals {
-        for scheme in SCHEMES {
-            bar.set_message(format!("load {}, {scheme}, T = {t} ms", load.name()));
-            let dir = tempfile::tempdir_in(work)?;
-            let flags = if scheme == "off" {
-                Vec::new()
-            } else {
-                serve_flags(scheme, t)
-            };
-            let server = experiment_server(dir.path(), port)?.args(flags).start()?;
-            let mixed = fio(port, "cache-standard", runtime, depth)?;
-            let write = fio(port, "write", runtime, depth)?;
-            server.stop()?;
-            cells.push((scheme, t, [mixed, write]));
-            bar.inc(1);
+    // Rounds are interleaved for the same reason.
+    let total = plan.schemes.len() as u64 * plan.intervals.len() as u64 * u64::from(plan.rounds);
+    let bar = crate::report::progress(total, "cells");
+    for round in 1..=plan.rounds {
+        for &t in &plan.intervals {
+            for &scheme in &plan.schemes {
+                bar.set_message(format!(
+                    "load {}, round {round}/{}, {scheme}, T = {t} ms",
+                    load.name(),
+                    plan.rounds
+                ));
+                let dir = tempfile::tempdir_in(work)?;
+                let flags = if scheme == "off" {
+                    Vec::new()
+                } else {
+                    serve_flags(scheme, t)
+                };
+                let server = experiment_server(dir.path(), port)?.args(flags).start()?;
+                let mixed = fio(port, "cache-standard", runtime, depth)?;
+                let write = fio(port, "write", runtime, depth)?;
+                server.stop()?;
+                runs.push((scheme, t, [mixed, write]));
+                bar.inc(1);
+            }
         }
     }
     bar.finish_and_clear();
-    Ok(cells)
+    Ok(medians(&runs))
+}
+
+/// One cell per (row, T): the median of its rounds, each figure on its own.
+fn medians<'a>(runs: &[Cell<'a>]) -> Vec<Cell<'a>> {
+    let mut cells: Vec<Cell<'a>> = Vec::new();
+    for &(scheme, t, _) in runs {
+        if cells.iter().any(|(s, ct, _)| *s == scheme && *ct == t) {
+            continue;
+        }
+        let mine: Vec<[Fio; 2]> = runs
+            .iter()
+            .filter(|(s, ct, _)| *s == scheme && *ct == t)
+            .map(|c| c.2)
+            .collect();
+        let job = |j: usize| Fio {
+            iops: median(mine.iter().map(|r| r[j].iops)),
+            mean_us: median(mine.iter().map(|r| r[j].mean_us)),
+            p99_us: median(mine.iter().map(|r| r[j].p99_us)),
+        };
+        cells.push((scheme, t, [job(0), job(1)]));
+    }
+    cells
+}
+
+fn median(values: impl Iterator<Item = f64>) -> f64 {
+    let mut v: Vec<f64> = values.collect();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
 }
 
 /// The `off` cell measured at `t`.
@@ -195,10 +256,11 @@ fn off_at(cells: &[Cell<'_>], t: u64) -> [Fio; 2] {
         .expect("off runs at every T")
 }
 
-fn report(load: Load, cells: &[Cell<'_>], runtime: u32) {
+fn report(load: Load, cells: &[Cell<'_>], runtime: u32, rounds: u32) {
     let mut cells = cells.to_vec();
     // Rows by scheme, then T.
     cells.sort_by_key(|(s, t, _)| (SCHEMES.iter().position(|x| x == s), *t));
+    let cells = cells;
     let mut table = Table::new(&[
         "scheme",
         "T ms",
@@ -247,7 +309,7 @@ fn report(load: Load, cells: &[Cell<'_>], runtime: u32) {
         ]);
     }
     println!(
-        "load {}: fio over NBD, {} connection(s) x {} requests in flight, {runtime} s per job",
+        "load {}: fio over NBD, {} connection(s) x {} requests in flight, {runtime} s per job, median of {rounds} interleaved round(s)",
         load.name(),
         load.jobs,
         load.iodepth
@@ -282,6 +344,7 @@ fn plots(out: &std::path::Path, load: Load, cells: &[Cell<'_>]) -> anyhow::Resul
                 pts.sort_by(|a, b| a.0.total_cmp(&b.0));
                 ((*s).to_owned(), pts)
             })
+            .filter(|(_, pts)| !pts.is_empty())
             .collect()
     };
     let png = out.join(format!("output-commit-{}.png", load.name()));
@@ -310,6 +373,51 @@ fn plots(out: &std::path::Path, load: Load, cells: &[Cell<'_>]) -> anyhow::Resul
     Ok(())
 }
 
+/// The rows, intervals and rounds the flags ask for.
+fn plan(args: &OutputCommitArgs, quick: bool) -> anyhow::Result<Plan<'static>> {
+    anyhow::ensure!(
+        (1..=100).contains(&args.rounds),
+        "--rounds must be within 1..=100"
+    );
+    let intervals = args.intervals.clone().unwrap_or_else(|| {
+        if quick {
+            vec![20]
+        } else {
+            INTERVALS_MS.to_vec()
+        }
+    });
+    for &t in &intervals {
+        anyhow::ensure!(
+            (1..=10_000).contains(&t),
+            "--intervals: {t} ms is outside 1..=10000"
+        );
+    }
+    let mut schemes = vec![SCHEMES[0]];
+    match &args.schemes {
+        None => schemes = SCHEMES.to_vec(),
+        Some(names) => {
+            for name in names {
+                let row = match name.as_str() {
+                    "fixed" => FIXED,
+                    other => *SCHEMES[..5].iter().find(|s| **s == other).ok_or_else(|| {
+                        anyhow::anyhow!(
+                            "--schemes: unknown row {other:?} (off, stall, buffering, logging, renaming, fixed)"
+                        )
+                    })?,
+                };
+                if !schemes.contains(&row) {
+                    schemes.push(row);
+                }
+            }
+        }
+    }
+    Ok(Plan {
+        schemes,
+        intervals,
+        rounds: args.rounds,
+    })
+}
+
 /// Run the experiment.
 pub fn run(args: OutputCommitArgs) -> anyhow::Result<std::process::ExitCode> {
     let quick = args.common.quick;
@@ -320,9 +428,10 @@ pub fn run(args: OutputCommitArgs) -> anyhow::Result<std::process::ExitCode> {
         "--runtime must be within 1..=3600"
     );
     anyhow::ensure!(
-        (1..=1000).contains(&rollback_count),
-        "--rollbacks must be within 1..=1000"
+        (0..=1000).contains(&rollback_count),
+        "--rollbacks must be within 0..=1000"
     );
+    let plan = plan(&args, quick)?;
     let loads: Vec<Load> = match (args.jobs, args.iodepth) {
         (Some(jobs), Some(iodepth)) => vec![Load { jobs, iodepth }],
         (None, None) if quick => vec![Load {
@@ -348,19 +457,20 @@ pub fn run(args: OutputCommitArgs) -> anyhow::Result<std::process::ExitCode> {
             "--iodepth must be within 1..=256 (the server's requests in flight per connection)"
         );
     }
-    let intervals: &[u64] = if quick { &[20] } else { &INTERVALS_MS };
     let work = crate::harness::scratch_dir()?;
     let port = crate::harness::free_port()?;
     for &load in &loads {
-        let cells = measure(load, intervals, runtime, work.path(), port)?;
-        report(load, &cells, runtime);
-        if !quick {
+        let cells = measure(load, &plan, runtime, work.path(), port)?;
+        report(load, &cells, runtime, plan.rounds);
+        if !quick && plan.intervals.len() > 1 {
             plots(&args.common.out, load, &cells)?;
         }
     }
 
-    let load = *loads.last().expect("at least one load");
-    rollback_table(load, rollback_count, work.path(), port)?;
+    if rollback_count > 0 {
+        let load = *loads.last().expect("at least one load");
+        rollback_table(load, rollback_count, work.path(), port)?;
+    }
     Ok(std::process::ExitCode::SUCCESS)
 }
 
