@@ -227,7 +227,10 @@ fn bench_badpath_refuses_bad_flags_before_running() {
 fn bench_output_commit_refuses_bad_flags_before_running() {
     let out = std::env::temp_dir().join("rebound-output-commit-flags");
     for (args, expect) in [
-        (vec!["--schemes", "buffering,bogus"], "unknown row \"bogus\""),
+        (
+            vec!["--schemes", "buffering,bogus"],
+            "unknown row \"bogus\"",
+        ),
         (vec!["--intervals", "0"], "--intervals: 0 ms is outside"),
         (vec!["--intervals", "20,x"], "invalid value"),
         (vec!["--rounds", "0"], "--rounds must be within"),

@@ -88,11 +88,11 @@ impl OutputCommit {
 #[derive(Debug, Clone)]
 enum Data {
     /// In memory (stall).
-    Memory(Arc<[u8]>),
+    Memory(Arc<Vec<u8>>),
     /// In a slot of the buffer area, and in memory (buffering: the paper's
     /// "data written to the memory and the disk buffer"; the memory copy
     /// serves the commit and reads, so neither reads the buffer area).
-    Buffer(u32, Arc<[u8]>),
+    Buffer(u32, Arc<Vec<u8>>),
     /// In a fresh slot of the rename area (renaming).
     Renamed(Renamed),
 }
@@ -224,39 +224,41 @@ impl PseudoDevice {
         map.sync()
     }
 
-    /// Destage write of `track` (record `d`) in epoch `epoch`.
+    /// Destage write of `track` (record `d`) in epoch `epoch`; a held
+    /// write keeps `data` itself (no copy).
     pub(crate) fn write(
         &self,
         volume: &Volume,
         track: u64,
         d: Dirty,
-        data: &[u8],
+        data: Vec<u8>,
         epoch: u64,
     ) -> std::io::Result<()> {
+        debug_assert_eq!(data.len(), TRACK_BYTES);
         // Before the data can reach a device under any scheme: the track
         // may hold data from now on (BLOCK_STATUS).
         volume.note_written(track);
         match self.scheme {
-            OutputCommit::Off => volume.write_track(track, data),
+            OutputCommit::Off => volume.write_track(track, &data),
             OutputCommit::Logging => {
                 let mut old = vec![0u8; TRACK_BYTES].into_boxed_slice();
                 let mut st = self.state.lock();
                 volume.read_track(track, &mut old)?;
                 st.undo.entry(epoch).or_default().push((track, old));
-                volume.write_track(track, data)
+                volume.write_track(track, &data)
             }
             OutputCommit::Stall | OutputCommit::Buffering | OutputCommit::Renaming => {
                 let mut st = self.state.lock();
                 let data = if let Some(b) = &mut st.buffer {
                     let slot = b.alloc();
-                    if let Err(e) = b.file.write_all_at(data, BufferArea::offset(slot)) {
+                    if let Err(e) = b.file.write_all_at(&data, BufferArea::offset(slot)) {
                         b.free.push(slot);
                         return Err(e);
                     }
-                    Data::Buffer(slot, Arc::from(data))
+                    Data::Buffer(slot, Arc::new(data))
                 } else if let Some(m) = &mut st.rename {
                     let slot = m.alloc();
-                    match m.write_slot(slot, data) {
+                    match m.write_slot(slot, &data) {
                         Ok(data_crc) => Data::Renamed(Renamed { slot, data_crc }),
                         Err(e) => {
                             m.release(slot);
@@ -264,7 +266,7 @@ impl PseudoDevice {
                         }
                     }
                 } else {
-                    Data::Memory(Arc::from(data))
+                    Data::Memory(Arc::new(data))
                 };
                 let list = st.by_track.entry(track).or_default();
                 // One destage per track at a time, and it ends only at the

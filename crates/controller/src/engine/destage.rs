@@ -412,7 +412,7 @@ fn one(ctl: &Engine, track: u64) -> std::io::Result<Outcome> {
     let written = read_record(ctl, track, d, &mut buf).and_then(|()| {
         ctl.epochs
             .device
-            .write(&ctl.volume, track, d, &buf, ctl.epochs.open())
+            .write(&ctl.volume, track, d, buf, ctl.epochs.open())
     });
     queue.complete(tag);
     if written.is_ok() && ctl.epochs.device.holds_writes() {

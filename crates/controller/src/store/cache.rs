@@ -133,6 +133,11 @@ struct Shard {
     /// kept only when the cache notes changes; duplicates allowed).
     changed: Vec<u64>,
     notes_changes: bool,
+    /// Shards with changes noted, one bit each (shared by the cache's
+    /// shards): a checkpoint visits only those ([`Cache::take_changes`]).
+    changed_shards: Arc<AtomicU64>,
+    /// This shard's bit in `changed_shards`.
+    bit: u64,
 }
 
 /// The dirty entry of `track` changed (for the next checkpoint). A macro
@@ -142,6 +147,9 @@ macro_rules! note {
     ($shard:expr, $track:expr) => {
         if $shard.notes_changes {
             $shard.changed.push($track);
+            $shard
+                .changed_shards
+                .fetch_or($shard.bit, Ordering::Release);
         }
     };
 }
@@ -320,6 +328,9 @@ struct ZeroFence {
 /// The cache.
 pub struct Cache {
     shards: Box<[CachePadded<ShardLock>]>,
+    /// Shards with changes noted since the last [`Cache::take_changes`],
+    /// a bit each (shared with the shards, which set their bits).
+    changed_shards: Arc<AtomicU64>,
     zeroing: RwLock<Vec<ZeroFence>>,
     /// The next [`ZeroFence::id`].
     next_fence: std::sync::atomic::AtomicU64,
@@ -361,8 +372,10 @@ impl Cache {
         checkpoints: bool,
     ) -> Self {
         let per_shard = frames.div_ceil(CACHE_SHARDS).max(1);
+        const { assert!(CACHE_SHARDS <= 64, "one bit per shard in a u64") };
+        let changed_shards = Arc::new(AtomicU64::new(0));
         let shards = (0..CACHE_SHARDS)
-            .map(|_| {
+            .map(|i| {
                 CachePadded::new(ShardLock {
                     accesses: loglock::TrackedMutex::new("cache shard", 0),
                     shard: Mutex::new(Shard {
@@ -381,12 +394,15 @@ impl Cache {
                         dirty: 0,
                         changed: Vec::new(),
                         notes_changes: checkpoints,
+                        changed_shards: Arc::clone(&changed_shards),
+                        bit: 1 << i,
                     }),
                 })
             })
             .collect();
         Self {
             shards,
+            changed_shards,
             zeroing: RwLock::new(Vec::new()),
             next_fence: std::sync::atomic::AtomicU64::new(1),
             stats: CacheStats::default(),
@@ -925,7 +941,13 @@ impl Cache {
     /// track may come more than once). Callers hold the epoch cut, so no
     /// change is in progress.
     pub fn take_changes(&self, mut f: impl FnMut(u64, Option<Dirty>)) {
-        for s in self.shards.iter() {
+        // Only the shards that noted a change (a commit every few hundred
+        // microseconds would otherwise lock all of them each time).
+        let mask = self.changed_shards.swap(0, Ordering::AcqRel);
+        for (i, s) in self.shards.iter().enumerate() {
+            if mask & (1 << i) == 0 {
+                continue;
+            }
             let mut guard = s.lock(Use::Quiet);
             let shard = &mut *guard;
             for track in shard.changed.drain(..) {
@@ -1010,7 +1032,9 @@ impl Cache {
     /// its entry was found inconsistent), so a rollback restores it.
     pub fn mark_changed(&self, track: u64) {
         let mut guard = self.shards[shard_of(track)].lock(Use::Quiet);
-        guard.changed.push(track);
+        let shard = &mut *guard;
+        shard.changed.push(track);
+        shard.changed_shards.fetch_or(shard.bit, Ordering::Release);
     }
 
     /// Damage the directory entry of dirty `track` in memory (fault
@@ -1101,6 +1125,34 @@ mod tests {
             Dirty { slot, seq },
             cache.apply_write(nvs, track, slot, seq, &data),
         )
+    }
+
+    /// A checkpoint takes every change, from whichever shards noted one (it
+    /// visits only those), with each track's dirty record now, and a
+    /// change is taken by one checkpoint only.
+    #[test]
+    fn take_changes_reports_every_changed_track_with_its_newest_record_until_taken() {
+        let (_d, nvs) = nvs();
+        let cache = Cache::with_checkpoints(256, None, true);
+        let tracks = [0u64, 1, 65, 130, 1000];
+        let mut newest = std::collections::BTreeMap::new();
+        for (i, &t) in tracks.iter().enumerate() {
+            newest.insert(t, write(&cache, &nvs, t, i as u8).0);
+        }
+        // Track 65 again (shard 1, like track 1): its newest record only.
+        newest.insert(65, write(&cache, &nvs, 65, 9).0);
+        let mut taken = std::collections::BTreeMap::new();
+        cache.take_changes(|t, d| {
+            taken.insert(t, d.expect("dirty"));
+        });
+        assert_eq!(taken, newest);
+        let mut again = 0;
+        cache.take_changes(|_, _| again += 1);
+        assert_eq!(again, 0, "changes are taken once");
+        write(&cache, &nvs, 3, 7);
+        let mut later = Vec::new();
+        cache.take_changes(|t, _| later.push(t));
+        assert_eq!(later, [3]);
     }
 
     /// Apply `byte` to `tracks` as Log(Lock) actor `actor`; the undo list.
