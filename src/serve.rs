@@ -197,10 +197,11 @@ pub struct ServeArgs {
     /// --task-deadline is 0s].
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     hung_after: Option<std::time::Duration>,
-    /// Under output commit, also end an epoch as soon as output waits and
-    /// no request is in flight (at most every 100 µs), so a lightly loaded
-    /// client does not wait a whole interval; false: commit only every
-    /// interval (the paper's fixed epochs) [default: true].
+    /// Under output commit, also end an epoch early: as soon as the
+    /// controller is idle with a client stalled on held output (at most
+    /// every 100 µs), or once output has waited 1 ms, so no client waits a
+    /// whole interval; false: commit only every interval (the paper's
+    /// fixed epochs) [default: true].
     #[arg(long, value_name = "BOOL")]
     commit_when_idle: Option<bool>,
     /// Modelled device latency per I/O, microseconds (experiments) [default: 0].
