@@ -196,16 +196,26 @@ fn reopening_a_volume_with_another_size_or_a_busy_nvs_is_refused() {
 #[cfg(feature = "experiments")]
 #[test]
 fn bench_badpath_refuses_bad_flags_before_running() {
-    let out = std::env::temp_dir().join("rebound-badpath-flags");
-    for (args, expect) in [
-        (vec!["--groups", "cache,bogus"], "unknown group \"bogus\""),
-        (vec!["--rounds", "0"], "--rounds must be within"),
-        (vec!["--connections", "65"], "--connections must be within"),
-    ] {
+    refuses_before_running(
+        "badpath",
+        &[
+            (vec!["--groups", "cache,bogus"], "unknown group \"bogus\""),
+            (vec!["--rounds", "0"], "--rounds must be within"),
+            (vec!["--connections", "65"], "--connections must be within"),
+        ],
+    );
+}
+
+/// Run `rebound bench NAME --quick` with each case's flags: refused, with
+/// the expected message, before anything ran (nothing on stdout).
+#[cfg(feature = "experiments")]
+fn refuses_before_running(name: &str, cases: &[(Vec<&str>, &str)]) {
+    let out = std::env::temp_dir().join(format!("rebound-{name}-flags"));
+    for (args, expect) in cases {
         let o = Command::new(env!("CARGO_BIN_EXE_rebound"))
-            .args(["bench", "badpath", "--quick", "--out"])
+            .args(["bench", name, "--quick", "--out"])
             .arg(&out)
-            .args(&args)
+            .args(args)
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&o.stderr);
@@ -225,32 +235,19 @@ fn bench_badpath_refuses_bad_flags_before_running() {
 #[cfg(feature = "experiments")]
 #[test]
 fn bench_output_commit_refuses_bad_flags_before_running() {
-    let out = std::env::temp_dir().join("rebound-output-commit-flags");
-    for (args, expect) in [
-        (
-            vec!["--schemes", "buffering,bogus"],
-            "unknown row \"bogus\"",
-        ),
-        (vec!["--intervals", "0"], "--intervals: 0 ms is outside"),
-        (vec!["--intervals", "20,x"], "invalid value"),
-        (vec!["--rounds", "0"], "--rounds must be within"),
-        (vec!["--rollbacks", "1001"], "--rollbacks must be within"),
-    ] {
-        let o = Command::new(env!("CARGO_BIN_EXE_rebound"))
-            .args(["bench", "output-commit", "--quick", "--out"])
-            .arg(&out)
-            .args(&args)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert!(!o.status.success(), "{args:?} was accepted");
-        assert!(err.contains(expect), "{args:?}: {err}");
-        assert!(
-            o.stdout.is_empty(),
-            "{args:?}: refused only after running: {}",
-            String::from_utf8_lossy(&o.stdout)
-        );
-    }
+    refuses_before_running(
+        "output-commit",
+        &[
+            (
+                vec!["--schemes", "buffering,bogus"],
+                "unknown row \"bogus\"",
+            ),
+            (vec!["--intervals", "0"], "--intervals: 0 ms is outside"),
+            (vec!["--intervals", "20,x"], "invalid value"),
+            (vec!["--rounds", "0"], "--rounds must be within"),
+            (vec!["--rollbacks", "1001"], "--rollbacks must be within"),
+        ],
+    );
 }
 
 /// `--help` offers exactly the subcommands this build has: the server's
