@@ -149,15 +149,8 @@ impl DestageQueue {
         }
         // Counted until settled, so a quiesce (rung 4) waits for them.
         self.inflight.fetch_add(1, Ordering::AcqRel);
-        let mut pending = self.unsynced.lock();
-        pending.push(written);
-        // The syncer waits for the first batch, then for its interval (or
-        // a hurry, or a short NVS: re-checked on every arrival). Under
-        // output commit a commit hands over a batch every few hundred
-        // microseconds: wake it for the first, and then only every 64th.
-        if pending.len() % 64 == 1 {
-            self.unsynced_arrived.notify_one();
-        }
+        self.unsynced.lock().push(written);
+        self.unsynced_arrived.notify_one();
     }
 
     /// The device error failing destages now, if the last one failed.

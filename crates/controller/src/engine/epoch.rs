@@ -109,7 +109,7 @@ pub struct Epochs {
     first_held_ns: AtomicU64,
     born: Instant,
     /// Connections reading requests, and those of them with no whole
-    /// request left to read ([`Epochs::reader_drained`]): the controller
+    /// request left to read ([`Epochs::reader_drains`]): the controller
     /// is idle only when every one is drained and no request is in the
     /// pipeline. A pipeline that empties between two bursts of arrivals
     /// is not idle: committing there ends epochs of a few replies each.
@@ -446,8 +446,8 @@ impl Epochs {
         // The released writes are durable (and their records may go) only
         // once a device sync covers them. A FUA or FLUSH held in the epoch
         // needs that sync now; renaming's map must be synced with its data.
-        // Otherwise the destage syncer covers them with its next sync, as
-        // it covers background destage without output commit.
+        // Otherwise the destage syncer, hurried, covers them with its next
+        // sync (`hand_over_held`).
         let want_sync = self.sync_needed.swap(false, Ordering::AcqRel);
         let defer = !want_sync && durable.is_empty() && self.scheme != OutputCommit::Renaming;
         let any_output = want_sync || !writes.is_empty();
@@ -568,8 +568,9 @@ pub(crate) struct RollbackCut<'a> {
 const EPOCH_MIN: Duration = Duration::from_micros(100);
 
 /// With commits when idle on, the longest a held reply waits for its
-/// epoch to end while the pipeline never goes idle (a load with many
-/// requests in flight). Without it such a load sees fixed epochs: every
+/// epoch to end while no client is stalled on the controller (a load that
+/// keeps many requests in flight). Without it such a load sees fixed
+/// epochs: every
 /// reply of an epoch leaves in one burst at its end, the clients answer
 /// in one burst, and on few cores the controller and its clients take
 /// turns instead of running side by side. Commits are incremental and
