@@ -26,6 +26,13 @@ fn spec(layout: Layout, spare: bool) -> ClusterSpec {
     }
 }
 
+/// A cluster of in-process nodes for `spec`, its files under `work`.
+async fn launch(spec: ClusterSpec, work: &std::path::Path) -> Cluster {
+    Cluster::launch(spec, &Launcher::InProcess, work)
+        .await
+        .unwrap()
+}
+
 #[test]
 fn q1_and_scan_equal_a_single_process_run_for_both_layouts() {
     let rt = rt();
@@ -45,9 +52,7 @@ fn q1_and_scan_equal_a_single_process_run_for_both_layouts() {
         assert!(want_scan.lines().count() > 100, "the scan selects rows");
         for layout in [Layout::Mirror, Layout::Parity] {
             let work = tempfile::tempdir().unwrap();
-            let mut c = Cluster::launch(spec(layout, false), &Launcher::InProcess, work.path())
-                .await
-                .unwrap();
+            let mut c = launch(spec(layout, false), work.path()).await;
             c.place(schema.clone(), &batches).await.unwrap();
             for checkpoint in [true, false] {
                 let r = c.run_query(Query::Q1, checkpoint).await.unwrap();
@@ -83,9 +88,7 @@ fn checkpoints_land_on_the_redundancy_group() {
         let (schema, batches) = tpch::lineitem(SF).unwrap();
         for layout in [Layout::Mirror, Layout::Parity] {
             let work = tempfile::tempdir().unwrap();
-            let mut c = Cluster::launch(spec(layout, false), &Launcher::InProcess, work.path())
-                .await
-                .unwrap();
+            let mut c = launch(spec(layout, false), work.path()).await;
             c.place(schema.clone(), &batches).await.unwrap();
             c.run_query(Query::Q1, true).await.unwrap();
             for obj in &names::Q1_OUT[..2] {
@@ -120,9 +123,7 @@ fn any_single_main_node_is_rebuilt_bit_exact_on_the_spare_for_each_layout() {
         let (schema, batches) = tpch::lineitem(SF).unwrap();
         for layout in [Layout::Mirror, Layout::Parity] {
             let work = tempfile::tempdir().unwrap();
-            let mut c = Cluster::launch(spec(layout, true), &Launcher::InProcess, work.path())
-                .await
-                .unwrap();
+            let mut c = launch(spec(layout, true), work.path()).await;
             c.place(schema.clone(), &batches).await.unwrap();
             c.run_query(Query::Q1, true).await.unwrap();
             for lost in 0..4 {
@@ -189,13 +190,7 @@ fn checkpoints_in_every_codec_run_behind_the_next_primitive_and_decode_to_its_ou
             .unwrap()])
         .unwrap();
         let work = tempfile::tempdir().unwrap();
-        let mut c = Cluster::launch(
-            spec(Layout::Mirror, false),
-            &Launcher::InProcess,
-            work.path(),
-        )
-        .await
-        .unwrap();
+        let mut c = launch(spec(Layout::Mirror, false), work.path()).await;
         c.place(schema.clone(), &batches).await.unwrap();
         for codec in Codec::ALL {
             c.codec = codec;
@@ -286,13 +281,7 @@ fn a_damaged_column_is_an_error_naming_the_node_and_file_for_every_query_that_re
     rt.block_on(async {
         let (schema, batches) = tpch::lineitem(SF).unwrap();
         let work = tempfile::tempdir().unwrap();
-        let mut c = Cluster::launch(
-            spec(Layout::Mirror, false),
-            &Launcher::InProcess,
-            work.path(),
-        )
-        .await
-        .unwrap();
+        let mut c = launch(spec(Layout::Mirror, false), work.path()).await;
         c.place(schema.clone(), &batches).await.unwrap();
         // A scan leaves its output, not the partition, in the nodes' memory.
         c.run_query(Query::Scan, false).await.unwrap();
@@ -474,9 +463,7 @@ fn every_scheme_recovers_a_node_lost_mid_query_with_the_failure_free_answer() {
                 spare: scheme.needs_spare(),
                 model: DeviceModel::None,
             };
-            let mut c = Cluster::launch(spec, &Launcher::InProcess, work.path())
-                .await
-                .unwrap();
+            let mut c = launch(spec, work.path()).await;
             c.place(schema.clone(), &batches).await.unwrap();
             let fault = Fault {
                 mid_checkpoint,
@@ -543,13 +530,7 @@ fn a_second_unplanned_loss_is_an_error_not_a_wrong_answer() {
     rt.block_on(async {
         let (schema, batches) = tpch::lineitem(SF).unwrap();
         let work = tempfile::tempdir().unwrap();
-        let mut c = Cluster::launch(
-            spec(Layout::Mirror, true),
-            &Launcher::InProcess,
-            work.path(),
-        )
-        .await
-        .unwrap();
+        let mut c = launch(spec(Layout::Mirror, true), work.path()).await;
         c.place(schema, &batches).await.unwrap();
         // Main 2 is lost before the query without any fault planned.
         c.fail_node(2, FailMode::Kill).unwrap();
@@ -1033,9 +1014,7 @@ fn a_placement_whose_source_fails_is_an_error_and_the_next_one_answers_exactly()
         .unwrap();
         for layout in [Layout::Mirror, Layout::Parity] {
             let work = tempfile::tempdir().unwrap();
-            let mut c = Cluster::launch(spec(layout, false), &Launcher::InProcess, work.path())
-                .await
-                .unwrap();
+            let mut c = launch(spec(layout, false), work.path()).await;
             let mut failing: Vec<_> = batches[..3].iter().cloned().map(Ok).collect();
             failing.push(Err(smartstore::error::Error::Invalid(
                 "generator stopped".into(),
@@ -1068,13 +1047,7 @@ fn a_placement_that_loses_a_node_leaves_no_partial_table_on_the_others() {
         // node's put fails.
         let blocks = blocks_of(&batches, 500);
         let work = tempfile::tempdir().unwrap();
-        let mut c = Cluster::launch(
-            spec(Layout::Mirror, false),
-            &Launcher::InProcess,
-            work.path(),
-        )
-        .await
-        .unwrap();
+        let mut c = launch(spec(Layout::Mirror, false), work.path()).await;
         c.fail_node(1, FailMode::Unreadable).unwrap();
         let source: Vec<_> = blocks.iter().cloned().map(Ok).collect();
         let e = c
