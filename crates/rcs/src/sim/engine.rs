@@ -1,4 +1,4 @@
-//! The event loop of the simulator: a virtual clock, an event heap, the
+//! The event loop of the simulator: a virtual clock, the pending events, the
 //! job queues as plain data, and one [`PoolScheduler`] per virtual
 //! processor making the runtime's decisions (see the [module doc](super)).
 //!
@@ -14,11 +14,11 @@
 //! - `Trickle`: a light group's periodic task arrives.
 //! - `Wake`: an idle processor that a submission woke asks for work.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::VecDeque;
 
 use hdrhistogram::Histogram;
 
+use super::events::Events;
 use super::{Clients, Invariants, SimConfig, SimReport};
 use crate::admission::{Sigma, admits};
 use crate::group::{Alternative, GroupSpec, Priority};
@@ -100,7 +100,11 @@ struct World<'a> {
     now: u64,
     measure_from: u64,
     seq: u64,
-    heap: BinaryHeap<Reverse<(u64, u64, u32, Ev)>>,
+    /// One slot per processor, then one per group (its trickle).
+    events: Events<Ev>,
+    /// The slot of the event being handled, until the handler schedules
+    /// that slot again (or the loop empties it).
+    popped: Option<usize>,
     groups: Vec<GroupSim>,
     ready: [u64; Priority::COUNT],
     shared: [VecDeque<SimTask>; Priority::COUNT],
@@ -145,20 +149,27 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
     };
     world.start_load();
     let end = world.measure_from + nanos(cfg.duration);
-    while let Some(&Reverse((t, _, who, ev))) = world.heap.peek() {
+    while let Some((slot, t, _, ev)) = world.events.first() {
         if t > end {
             break;
         }
-        world.heap.pop();
         world.now = t;
         world.stats.events += 1;
-        let who = who as usize;
+        world.popped = Some(slot);
+        let who = if ev == Ev::Trickle {
+            slot - cfg.cpus
+        } else {
+            slot
+        };
         match ev {
             Ev::Done => world.body_done(who, &mut scheds, rules),
             Ev::Held => world.release(who, &mut scheds, rules),
             Ev::RecoveryHeld => world.recovery_held(who, &mut scheds, rules),
             Ev::Trickle => world.trickle(who),
             Ev::Wake => world.ask(who, &mut scheds, rules),
+        }
+        if let Some(slot) = world.popped.take() {
+            world.events.clear(slot);
         }
     }
     world.now = end;
@@ -245,7 +256,8 @@ impl<'a> World<'a> {
             now: 0,
             measure_from: nanos(cfg.warmup),
             seq: 0,
-            heap: BinaryHeap::new(),
+            events: Events::new(cfg.cpus + n_groups, Ev::Wake),
+            popped: None,
             groups: sigma
                 .into_iter()
                 .map(|sigma| GroupSim {
@@ -289,9 +301,21 @@ impl<'a> World<'a> {
         }
     }
 
+    /// Schedule `ev` for processor `who` (for group `who` if a trickle).
     fn schedule(&mut self, at: u64, who: usize, ev: Ev) {
         self.seq += 1;
-        self.heap.push(Reverse((at, self.seq, who as u32, ev)));
+        let slot = if ev == Ev::Trickle {
+            self.cfg.cpus + who
+        } else {
+            who
+        };
+        if self.popped == Some(slot) {
+            // The event being handled is replaced, not kept.
+            self.popped = None;
+            self.events.reset(slot, at, self.seq, ev);
+        } else {
+            self.events.set(slot, at, self.seq, ev);
+        }
     }
 
     #[inline]

@@ -53,6 +53,7 @@
 //! ever left behind).
 
 mod engine;
+mod events;
 mod workload;
 
 use std::time::Duration;
