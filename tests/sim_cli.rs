@@ -72,6 +72,14 @@ fn bad_flags_are_refused_with_the_flag_named() {
         (vec!["--clients-per-cpu", "0"], "--clients-per-cpu"),
         (vec!["--fault-group", "nosuch"], "--fault-group \"nosuch\""),
         (vec!["--task-us", "0", "--workload", "figure9"], "--task-us"),
+        (
+            vec!["--task-us", "fast", "--workload", "figure9"],
+            "neither a number of microseconds nor `paper`",
+        ),
+        (
+            vec!["--task-us", "paper"],
+            "--task-us applies only to --workload figure9",
+        ),
         (vec!["--trace", missing], "opening the trace"),
         (vec!["--trace", garbage], "not a rebound task trace"),
         (vec!["--trace", bad_line], "line 3: bad priority"),
@@ -108,4 +116,62 @@ fn a_recorded_trace_is_replayed_with_its_groups() {
         "{out}"
     );
     assert!(out.contains("dynamic"), "{out}");
+}
+
+#[test]
+fn task_us_paper_finds_the_length_at_which_performance_loses_what_it_lost_in_the_paper() {
+    let (ok, out, err) = sim(&[
+        "--workload",
+        "figure9",
+        "--task-us",
+        "paper",
+        "--cpus",
+        "8",
+        "--duration",
+        "4s",
+        "--policy",
+        "performance,dynamic",
+    ]);
+    assert!(ok, "{err}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("--task-us paper: "))
+        .unwrap_or_else(|| panic!("no calibration line in {out}"));
+    let field = |after: &str, before: &str| -> f64 {
+        let rest = &line[line.find(after).unwrap() + after.len()..];
+        rest[..rest.find(before).unwrap()].trim().parse().unwrap()
+    };
+    let us = field("paper: ", " us");
+    let kept = field("keeps ", " of its");
+    // Paper: 87.8 of 107 KIOps. Faults every 10,000 dispatches of 20 ms
+    // each cost far more than that with short tasks and far less with long
+    // ones, so a length that lands near it was searched for, not assumed.
+    assert!((kept - 87.8 / 107.0).abs() < 0.02, "{line}");
+    assert!((5.0..200.0).contains(&us), "{line}");
+    // The runs that follow use that length.
+    let skew = out
+        .split("figure 9 skew, ")
+        .nth(1)
+        .and_then(|rest| rest.split(" us tasks").next())
+        .unwrap_or_else(|| panic!("no workload line in {out}"));
+    assert!((skew.parse::<f64>().unwrap() - us).abs() < 0.01, "{out}");
+    // And the performance policy's bad path measured there keeps about the
+    // same share of its good path.
+    let tasks = |policy: &str, path: &str| -> f64 {
+        let row = out
+            .lines()
+            .find(|l| {
+                let mut w = l.split_whitespace();
+                w.next() == Some(policy) && w.next() == Some(path)
+            })
+            .unwrap_or_else(|| panic!("no {policy} {path} row in {out}"));
+        row.split_whitespace()
+            .nth(6)
+            .unwrap()
+            .replace(',', "")
+            .parse()
+            .unwrap()
+    };
+    let ratio = tasks("performance", "bad") / tasks("performance", "good");
+    assert!((ratio - 87.8 / 107.0).abs() < 0.03, "{ratio}: {out}");
 }

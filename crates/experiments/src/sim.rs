@@ -89,7 +89,7 @@ pub struct RcsSimArgs {
     #[arg(long, default_value = "both", value_parser = ["good", "bad", "both"])]
     path: String,
     /// Simulated time measured per run (after a warm-up of a tenth of it,
-    /// at least 100 ms) [default: 60 s up to 8 processors, 480/N s above
+    /// 100 ms to 10 s) [default: 60 s up to 8 processors, 480/N s above
     /// them (at least 1 s), 2 s with --quick].
     #[arg(long, value_parser = controller::units::parse_duration)]
     duration: Option<Duration>,
@@ -102,9 +102,13 @@ pub struct RcsSimArgs {
     /// The built-in workload when no --trace is given.
     #[arg(long, value_enum, default_value = "controller")]
     workload: WorkloadKind,
-    /// Task length of --workload figure9, microseconds.
-    #[arg(long, default_value_t = 3.0)]
-    task_us: f64,
+    /// Task length of --workload figure9, microseconds, or `paper`: the
+    /// length at which the performance-oriented policy's bad path keeps the
+    /// paper's 87.8 of 107 KIOps of its good path (Figures 11 and 14), found
+    /// at the first --cpus value (8 with --sweep) and printed.
+    /// [default: 3]
+    #[arg(long, value_parser = parse_task_us)]
+    task_us: Option<TaskUs>,
     /// The group that takes the faults [default: the workload's
     /// second-busiest, as the paper's group 5].
     #[arg(long)]
@@ -140,6 +144,34 @@ pub struct RcsSimArgs {
     #[arg(long, default_value = "bench/out")]
     out: PathBuf,
 }
+
+/// `--task-us`: a fixed task length, or the one calibrated to the paper.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum TaskUs {
+    Fixed(f64),
+    Paper,
+}
+
+fn parse_task_us(s: &str) -> Result<TaskUs, String> {
+    if s == "paper" {
+        return Ok(TaskUs::Paper);
+    }
+    let us: f64 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is neither a number of microseconds nor `paper`"))?;
+    if us.is_finite() && (0.001..=1e6).contains(&us) {
+        Ok(TaskUs::Fixed(us))
+    } else {
+        Err(format!("{s}: must be within 0.001..=1000000"))
+    }
+}
+
+/// The paper's bad-path throughput of the performance-oriented scheduler
+/// against its good path (§6.3: 87.8 KIOps with faults in group 5, 107
+/// KIOps without, 8-way controller). It is the one measured number that
+/// pins down how much of the machine the faults take (how often a 20 ms
+/// recovery is under way), which the text leaves to the task length.
+const PAPER_PERFORMANCE_BAD_OVER_GOOD: f64 = 87.8 / 107.0;
 
 /// Dispatch overhead calibrated on the 2-core development host: see
 /// `docs/simulation.md`.
@@ -195,6 +227,10 @@ fn policies(names: &[String]) -> anyhow::Result<Vec<Policy>> {
 }
 
 fn load_workload(args: &RcsSimArgs) -> anyhow::Result<Workload> {
+    anyhow::ensure!(
+        args.task_us.is_none() || (args.trace.is_none() && args.workload == WorkloadKind::Figure9),
+        "--task-us applies only to --workload figure9 (a trace brings its own service times)"
+    );
     let mut w = if let Some(path) = &args.trace {
         let file = std::fs::File::open(path)
             .with_context(|| format!("opening the trace {}", path.display()))?;
@@ -212,11 +248,12 @@ fn load_workload(args: &RcsSimArgs) -> anyhow::Result<Workload> {
                 )
             }
             WorkloadKind::Figure9 => {
-                anyhow::ensure!(
-                    args.task_us.is_finite() && (0.001..=1e6).contains(&args.task_us),
-                    "--task-us must be within 0.001..=1000000"
-                );
-                Workload::figure9(Duration::from_secs_f64(args.task_us / 1e6))
+                let us = match args.task_us {
+                    None => 3.0,
+                    Some(TaskUs::Fixed(us)) => us,
+                    Some(TaskUs::Paper) => calibrate_to_paper(args)?,
+                };
+                Workload::figure9(Duration::from_secs_f64(us / 1e6))
             }
         }
     };
@@ -234,6 +271,80 @@ fn load_workload(args: &RcsSimArgs) -> anyhow::Result<Workload> {
             })?;
     }
     Ok(w)
+}
+
+/// `--task-us paper`: the task length at which the paper's fault model
+/// (group 5, 1 in 10,000 dispatches, 20 ms) costs the performance-oriented
+/// policy what it cost in the paper, `PAPER_PERFORMANCE_BAD_OVER_GOOD` of
+/// its good-path throughput, at the first `--cpus` value (8 with
+/// `--sweep`) with the run's clients and durations.
+///
+/// The loss is close to inversely proportional to the task length (faults
+/// come per dispatch and each recovery lasts the same), so the length is
+/// rescaled by measured loss over wanted loss until the ratio is within
+/// 0.002 of the paper's; the closest of at most eight tries is kept,
+/// rounded to 0.01 us so that passing it as a number reproduces the runs.
+fn calibrate_to_paper(args: &RcsSimArgs) -> anyhow::Result<f64> {
+    const TRIES: usize = 8;
+    let cpus = if args.sweep {
+        8
+    } else {
+        *args
+            .cpus
+            .first()
+            .context("--cpus names no processor count")?
+    };
+    anyhow::ensure!(
+        (1..=4096).contains(&cpus),
+        "--cpus values must be within 1..=4096, not {cpus}"
+    );
+    let want_loss = 1.0 - PAPER_PERFORMANCE_BAD_OVER_GOOD;
+    let bar = progress(TRIES as u64, "calibrating --task-us paper");
+    let mut us: f64 = 40.0;
+    let mut best: Option<(f64, f64)> = None;
+    for _ in 0..TRIES {
+        us = (us * 100.0).round() / 100.0;
+        let workload = Workload::figure9(Duration::from_secs_f64(us / 1e6));
+        let [good, bad] = [false, true].map(|bad| Run {
+            policy: Policy::Performance,
+            bad,
+            cpus,
+            groups: workload.groups.len(),
+            fault_rate: 1e-4,
+            recovery: Duration::from_millis(20),
+        });
+        let (good, bad) = std::thread::scope(|s| {
+            let g = s.spawn(|| simulate(&config(args, &workload, &good)));
+            let b = simulate(&config(args, &workload, &bad));
+            (g.join().expect("a simulation thread panicked"), b)
+        });
+        let ratio = bad.tasks_per_s / good.tasks_per_s;
+        bar.inc(1);
+        if best.is_none_or(|(_, r)| {
+            (ratio - PAPER_PERFORMANCE_BAD_OVER_GOOD).abs()
+                < (r - PAPER_PERFORMANCE_BAD_OVER_GOOD).abs()
+        }) {
+            best = Some((us, ratio));
+        }
+        if (ratio - PAPER_PERFORMANCE_BAD_OVER_GOOD).abs() < 0.002 {
+            break;
+        }
+        let loss = (1.0 - ratio).max(1e-3);
+        us = (us * loss / want_loss)
+            .clamp(us / 4.0, us * 4.0)
+            .clamp(0.01, 1e6);
+    }
+    bar.finish_and_clear();
+    let (us, ratio) = best.expect("at least one try");
+    let line = format!(
+        "--task-us paper: {us:.2} us, at which performance keeps {ratio:.3} of its good-path throughput on the bad path at {cpus} cpus (paper: 87.8 of 107 KIOps, {PAPER_PERFORMANCE_BAD_OVER_GOOD:.3})"
+    );
+    if args.format == Format::Csv {
+        eprintln!("{line}");
+    } else {
+        println!("{line}");
+    }
+    Ok(us)
 }
 
 fn validate(args: &RcsSimArgs, workload: &Workload) -> anyhow::Result<()> {
@@ -352,7 +463,9 @@ fn config(args: &RcsSimArgs, workload: &Workload, run: &Run) -> SimConfig {
     let faulty = w.faulty;
     let mut cfg = SimConfig::new(run.cpus, run.policy, w);
     cfg.duration = duration;
-    cfg.warmup = (duration / 10).max(Duration::from_millis(100));
+    // Long enough for many recoveries to reach their steady state; a
+    // tenth of a 30-minute run would add 3 simulated minutes for nothing.
+    cfg.warmup = (duration / 10).clamp(Duration::from_millis(100), Duration::from_secs(10));
     cfg.seed = args.seed;
     cfg.clients_per_cpu = args.clients_per_cpu;
     cfg.clients = match clients_kind(args) {
@@ -547,12 +660,18 @@ fn verdicts(outcomes: &[Outcome]) -> Vec<String> {
         let x = o.report.tasks_per_s / b.report.tasks_per_s;
         let lat = o.report.mean_latency_us / b.report.mean_latency_us - 1.0;
         let line = if o.run.bad {
+            // The paper's own terms (§6.3.3): performance's 87.8 KIOps is
+            // 16.3% below dynamic's 105 (dynamic 1.196x), and its 16.6 ms
+            // mean response time 22.9% above dynamic's 13.5 ms (dynamic
+            // -18.7%). The targets: at least 1.16x and -20%.
+            let over = b.report.mean_latency_us / o.report.mean_latency_us - 1.0;
             format!(
-                "{} cpus, bad path: dynamic vs performance throughput {x:.3}x (paper +16.3%: {}), mean latency {:+.1}% (paper -22.9%: {})",
+                "{} cpus, bad path: dynamic vs performance throughput {x:.3}x (target >= 1.16x: {}; paper 1.196x), mean latency {:+.1}% (target <= -20%: {}; paper -18.7%), i.e. performance's mean latency {:+.1}% over dynamic's (paper +22.9%)",
                 o.run.cpus,
                 if x >= 1.16 { "met" } else { "missed" },
                 lat * 100.0,
-                if lat <= -0.20 { "met" } else { "missed" }
+                if lat <= -0.20 { "met" } else { "missed" },
+                over * 100.0
             )
         } else {
             format!(
