@@ -80,6 +80,28 @@ fn bad_flags_are_refused_with_the_flag_named() {
             vec!["--task-us", "paper"],
             "--task-us applies only to --workload figure9",
         ),
+        (
+            vec![
+                "--workload",
+                "figure9",
+                "--task-us",
+                "paper",
+                "--fault-group",
+                "g4",
+            ],
+            "cannot be combined with --fault-group",
+        ),
+        (
+            vec![
+                "--workload",
+                "figure9",
+                "--task-us",
+                "paper",
+                "--cpus",
+                "8,0",
+            ],
+            "--cpus values must be within 1..=4096, not 0",
+        ),
         (vec!["--trace", missing], "opening the trace"),
         (vec!["--trace", garbage], "not a rebound task trace"),
         (vec!["--trace", bad_line], "line 3: bad priority"),

@@ -40,7 +40,7 @@ struct SimTask {
     client: bool,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Ev {
     Done,
     Held,
@@ -100,11 +100,11 @@ struct World<'a> {
     now: u64,
     measure_from: u64,
     seq: u64,
-    /// One slot per processor, then one per group (its trickle).
+    /// One slot per processor, then one per group (its trickle, if light).
     events: Events<Ev>,
     /// The slot of the event being handled, until the handler schedules
     /// that slot again (or the loop empties it).
-    popped: Option<usize>,
+    handling: Option<usize>,
     groups: Vec<GroupSim>,
     ready: [u64; Priority::COUNT],
     shared: [VecDeque<SimTask>; Priority::COUNT],
@@ -155,12 +155,8 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
         }
         world.now = t;
         world.stats.events += 1;
-        world.popped = Some(slot);
-        let who = if ev == Ev::Trickle {
-            slot - cfg.cpus
-        } else {
-            slot
-        };
+        world.handling = Some(slot);
+        let who = world.who(slot, ev);
         match ev {
             Ev::Done => world.body_done(who, &mut scheds, rules),
             Ev::Held => world.release(who, &mut scheds, rules),
@@ -168,7 +164,7 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
             Ev::Trickle => world.trickle(who),
             Ev::Wake => world.ask(who, &mut scheds, rules),
         }
-        if let Some(slot) = world.popped.take() {
+        if let Some(slot) = world.handling.take() {
             world.events.clear(slot);
         }
     }
@@ -257,7 +253,7 @@ impl<'a> World<'a> {
             measure_from: nanos(cfg.warmup),
             seq: 0,
             events: Events::new(cfg.cpus + n_groups, Ev::Wake),
-            popped: None,
+            handling: None,
             groups: sigma
                 .into_iter()
                 .map(|sigma| GroupSim {
@@ -301,18 +297,34 @@ impl<'a> World<'a> {
         }
     }
 
-    /// Schedule `ev` for processor `who` (for group `who` if a trickle).
-    fn schedule(&mut self, at: u64, who: usize, ev: Ev) {
-        self.seq += 1;
-        let slot = if ev == Ev::Trickle {
+    /// The event slot of processor `who`, or of group `who`'s trickle.
+    #[inline]
+    fn slot(&self, who: usize, ev: Ev) -> usize {
+        if ev == Ev::Trickle {
             self.cfg.cpus + who
         } else {
             who
-        };
-        if self.popped == Some(slot) {
+        }
+    }
+
+    /// The processor (or the trickle's group) an event slot belongs to.
+    #[inline]
+    fn who(&self, slot: usize, ev: Ev) -> usize {
+        if ev == Ev::Trickle {
+            slot - self.cfg.cpus
+        } else {
+            slot
+        }
+    }
+
+    /// Schedule `ev` for processor `who` (for group `who` if a trickle).
+    fn schedule(&mut self, at: u64, who: usize, ev: Ev) {
+        self.seq += 1;
+        let slot = self.slot(who, ev);
+        if self.handling == Some(slot) {
             // The event being handled is replaced, not kept.
-            self.popped = None;
-            self.events.reset(slot, at, self.seq, ev);
+            self.handling = None;
+            self.events.replace(slot, at, self.seq, ev);
         } else {
             self.events.set(slot, at, self.seq, ev);
         }
