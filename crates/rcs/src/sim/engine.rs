@@ -100,8 +100,12 @@ struct World<'a> {
     now: u64,
     measure_from: u64,
     seq: u64,
-    /// One slot per processor, then one per group (its trickle, if light).
+    /// One slot per processor, then one per trickling group.
     events: Events<Ev>,
+    /// Per group: its trickle's event slot (`usize::MAX` if it has none).
+    trickle_slot: Vec<usize>,
+    /// Per trickle slot after the processors': its group.
+    trickling: Vec<usize>,
     /// The slot of the event being handled, until the handler schedules
     /// that slot again (or the loop empties it).
     handling: Option<usize>,
@@ -245,6 +249,20 @@ impl<'a> World<'a> {
         for c in 0..cfg.cpus {
             idle[c / 64] |= 1u64 << (c % 64);
         }
+        // Only light groups under bound clients trickle (`start_load`);
+        // each of them gets an event slot after the processors'.
+        let total: f64 = cfg.workload.groups.iter().map(|g| g.weight).sum();
+        let trickling: Vec<usize> = if cfg.clients == Clients::Bound {
+            (0..n_groups)
+                .filter(|&g| cfg.workload.groups[g].weight / total < LIGHT_SHARE)
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let mut trickle_slot = vec![usize::MAX; n_groups];
+        for (i, &g) in trickling.iter().enumerate() {
+            trickle_slot[g] = cfg.cpus + i;
+        }
         World {
             cfg,
             reactive: cfg.reactive && cfg.policy != Policy::Performance,
@@ -252,7 +270,9 @@ impl<'a> World<'a> {
             now: 0,
             measure_from: nanos(cfg.warmup),
             seq: 0,
-            events: Events::new(cfg.cpus + n_groups, Ev::Wake),
+            events: Events::new(cfg.cpus + trickling.len(), Ev::Wake),
+            trickle_slot,
+            trickling,
             handling: None,
             groups: sigma
                 .into_iter()
@@ -301,7 +321,7 @@ impl<'a> World<'a> {
     #[inline]
     fn slot(&self, who: usize, ev: Ev) -> usize {
         if ev == Ev::Trickle {
-            self.cfg.cpus + who
+            self.trickle_slot[who]
         } else {
             who
         }
@@ -311,7 +331,7 @@ impl<'a> World<'a> {
     #[inline]
     fn who(&self, slot: usize, ev: Ev) -> usize {
         if ev == Ev::Trickle {
-            slot - self.cfg.cpus
+            self.trickling[slot - self.cfg.cpus]
         } else {
             slot
         }

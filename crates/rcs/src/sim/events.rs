@@ -61,17 +61,17 @@ impl<E: Copy> Events<E> {
     fn replay(&mut self, slot: usize, k: u128) {
         let mut n = self.leaves + slot;
         self.keys[n] = k;
+        // The winner so far, carried up; each match is a select, not a
+        // branch (which way it goes is as good as random).
+        let (mut key, mut won) = (k, self.slots[n]);
         while n > 1 {
-            let sibling = n ^ 1;
-            let parent = n / 2;
-            let win = if self.keys[sibling] < self.keys[n] {
-                sibling
-            } else {
-                n
-            };
-            self.keys[parent] = self.keys[win];
-            self.slots[parent] = self.slots[win];
-            n = parent;
+            let (other_key, other) = (self.keys[n ^ 1], self.slots[n ^ 1]);
+            let other_wins = other_key < key;
+            key = if other_wins { other_key } else { key };
+            won = if other_wins { other } else { won };
+            n /= 2;
+            self.keys[n] = key;
+            self.slots[n] = won;
         }
     }
 
