@@ -176,6 +176,27 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
     world.report()
 }
 
+/// The event slots of the groups that trickle: per group its slot
+/// (`usize::MAX` if it does not trickle), and per trickle slot after the
+/// processors' its group. Only light groups under bound clients trickle
+/// (`World::start_load`).
+fn trickle_slots(cfg: &SimConfig) -> (Vec<usize>, Vec<usize>) {
+    let groups = &cfg.workload.groups;
+    let total: f64 = groups.iter().map(|g| g.weight).sum();
+    let trickling: Vec<usize> = if cfg.clients == Clients::Bound {
+        (0..groups.len())
+            .filter(|&g| groups[g].weight / total < LIGHT_SHARE)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let mut slot = vec![usize::MAX; groups.len()];
+    for (i, &g) in trickling.iter().enumerate() {
+        slot[g] = cfg.cpus + i;
+    }
+    (slot, trickling)
+}
+
 /// A light group's trickle: its share of the dispatches the processors can
 /// make when busy, as one task every this many nanoseconds.
 fn trickle_periods(cfg: &SimConfig) -> Vec<u64> {
@@ -249,20 +270,7 @@ impl<'a> World<'a> {
         for c in 0..cfg.cpus {
             idle[c / 64] |= 1u64 << (c % 64);
         }
-        // Only light groups under bound clients trickle (`start_load`);
-        // each of them gets an event slot after the processors'.
-        let total: f64 = cfg.workload.groups.iter().map(|g| g.weight).sum();
-        let trickling: Vec<usize> = if cfg.clients == Clients::Bound {
-            (0..n_groups)
-                .filter(|&g| cfg.workload.groups[g].weight / total < LIGHT_SHARE)
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let mut trickle_slot = vec![usize::MAX; n_groups];
-        for (i, &g) in trickling.iter().enumerate() {
-            trickle_slot[g] = cfg.cpus + i;
-        }
+        let (trickle_slot, trickling) = trickle_slots(cfg);
         World {
             cfg,
             reactive: cfg.reactive && cfg.policy != Policy::Performance,
