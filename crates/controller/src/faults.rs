@@ -12,6 +12,7 @@
 //! | `cache.apply.track` | inside `cache.apply`, after each track enters the directory (not provably safe to redrive: Log(Lock) rolls it back, or rung 4) |
 //! | `device.queue-full` | a device submission is refused as if its queue were full (armed with `fail`) |
 //! | `host.cb-leak` | a request's control block is not given back (armed with `fail`) |
+//! | `host.gate` | a finished request's reply on its way into the output gate (`delay` or `hang`; `fail` and `panic` there are ignored) |
 
 use std::time::Duration;
 
@@ -43,10 +44,13 @@ pub static HOST_REPLY: FaultPoint = FaultPoint::new("host.reply");
 pub static DEVICE_QUEUE_FULL: FaultPoint = FaultPoint::new("device.queue-full");
 /// A request's control block not given back.
 pub static HOST_CB_LEAK: FaultPoint = FaultPoint::new("host.cb-leak");
+/// A finished request's reply on its way into the output gate (rung 3),
+/// still counted in the pipeline; for stalls (a rollback must wait).
+pub static HOST_GATE: FaultPoint = FaultPoint::new("host.gate");
 
 /// Every fault point of the controller, in the order `rebound inject`
 /// lists them.
-pub static POINTS: [&FaultPoint; 13] = [
+pub static POINTS: [&FaultPoint; 14] = [
     &HOST_RECEIVE,
     &CACHE_READ,
     &CACHE_STATUS,
@@ -60,6 +64,7 @@ pub static POINTS: [&FaultPoint; 13] = [
     &HOST_REPLY,
     &DEVICE_QUEUE_FULL,
     &HOST_CB_LEAK,
+    &HOST_GATE,
 ];
 
 /// The fault points' names.
