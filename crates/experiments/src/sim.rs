@@ -291,6 +291,7 @@ fn calibrate_to_paper(args: &RcsSimArgs) -> anyhow::Result<f64> {
     const CPUS: usize = 8;
     const CLOSE_ENOUGH: f64 = 0.002;
     let want_loss = 1.0 - PAPER_PERFORMANCE_BAD_OVER_GOOD;
+    let miss = |r: f64| (r - PAPER_PERFORMANCE_BAD_OVER_GOOD).abs();
     let bar = progress(TRIES as u64, "calibrating --task-us paper");
     let mut us: f64 = 40.0;
     let mut best: Option<(f64, f64)> = None;
@@ -322,7 +323,6 @@ fn calibrate_to_paper(args: &RcsSimArgs) -> anyhow::Result<f64> {
             // tasks only make that worse, so stop here.
             break;
         }
-        let miss = |r: f64| (r - PAPER_PERFORMANCE_BAD_OVER_GOOD).abs();
         if best.is_none_or(|(_, r)| miss(ratio) < miss(r)) {
             best = Some((us, ratio));
         }
@@ -338,7 +338,7 @@ fn calibrate_to_paper(args: &RcsSimArgs) -> anyhow::Result<f64> {
     let (us, ratio) = best.context(
         "--task-us paper: the calibration runs completed no task; give a longer --duration",
     )?;
-    let short = if (ratio - PAPER_PERFORMANCE_BAD_OVER_GOOD).abs() < CLOSE_ENOUGH {
+    let short = if miss(ratio) < CLOSE_ENOUGH {
         String::new()
     } else {
         format!(

@@ -100,12 +100,8 @@ struct World<'a> {
     now: u64,
     measure_from: u64,
     seq: u64,
-    /// One slot per processor, then one per trickling group.
+    /// One slot per processor, then one per group (its trickle, if light).
     events: Events<Ev>,
-    /// Per group: its trickle's event slot (`usize::MAX` if it has none).
-    trickle_slot: Vec<usize>,
-    /// Per trickle slot after the processors': its group.
-    trickling: Vec<usize>,
     /// The slot of the event being handled, until the handler schedules
     /// that slot again (or the loop empties it).
     handling: Option<usize>,
@@ -174,27 +170,6 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
     }
     world.now = end;
     world.report()
-}
-
-/// The event slots of the groups that trickle: per group its slot
-/// (`usize::MAX` if it does not trickle), and per trickle slot after the
-/// processors' its group. Only light groups under bound clients trickle
-/// (`World::start_load`).
-fn trickle_slots(cfg: &SimConfig) -> (Vec<usize>, Vec<usize>) {
-    let groups = &cfg.workload.groups;
-    let total: f64 = groups.iter().map(|g| g.weight).sum();
-    let trickling: Vec<usize> = if cfg.clients == Clients::Bound {
-        (0..groups.len())
-            .filter(|&g| groups[g].weight / total < LIGHT_SHARE)
-            .collect()
-    } else {
-        Vec::new()
-    };
-    let mut slot = vec![usize::MAX; groups.len()];
-    for (i, &g) in trickling.iter().enumerate() {
-        slot[g] = cfg.cpus + i;
-    }
-    (slot, trickling)
 }
 
 /// A light group's trickle: its share of the dispatches the processors can
@@ -270,7 +245,6 @@ impl<'a> World<'a> {
         for c in 0..cfg.cpus {
             idle[c / 64] |= 1u64 << (c % 64);
         }
-        let (trickle_slot, trickling) = trickle_slots(cfg);
         World {
             cfg,
             reactive: cfg.reactive && cfg.policy != Policy::Performance,
@@ -278,9 +252,7 @@ impl<'a> World<'a> {
             now: 0,
             measure_from: nanos(cfg.warmup),
             seq: 0,
-            events: Events::new(cfg.cpus + trickling.len(), Ev::Wake),
-            trickle_slot,
-            trickling,
+            events: Events::new(cfg.cpus + n_groups, Ev::Wake),
             handling: None,
             groups: sigma
                 .into_iter()
@@ -329,7 +301,7 @@ impl<'a> World<'a> {
     #[inline]
     fn slot(&self, who: usize, ev: Ev) -> usize {
         if ev == Ev::Trickle {
-            self.trickle_slot[who]
+            self.cfg.cpus + who
         } else {
             who
         }
@@ -339,7 +311,7 @@ impl<'a> World<'a> {
     #[inline]
     fn who(&self, slot: usize, ev: Ev) -> usize {
         if ev == Ev::Trickle {
-            self.trickling[slot - self.cfg.cpus]
+            slot - self.cfg.cpus
         } else {
             slot
         }
