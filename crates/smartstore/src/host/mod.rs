@@ -358,20 +358,36 @@ impl Cluster {
         let feed = async move {
             let senders: Vec<_> = to_main.iter().chain(&to_mirror).collect();
             let fed = feed_blocks(blocks, &to_main, &to_mirror, &groups).await;
-            if let Err(why) = &fed {
+            if let Err(stop) = &fed {
                 // Every put still running ends without its end marker, so
                 // no node commits a partial table.
                 for tx in senders {
-                    let _ = tx.send(Err(Error::Invalid(why.clone()))).await;
+                    let _ = tx.send(Err(Error::Invalid(stop.to_string()))).await;
                 }
             }
             fed
         };
-        let (placed, fed) = futures::join!(futures::future::try_join_all(puts), feed);
-        // A failed put is the cause when there is one; the feed then only
-        // saw its channel close.
-        placed?;
-        fed.map_err(Error::Invalid)?;
+        // Every put runs to its end, failed ones included: a node answers
+        // a put cut short only once it has dropped its spools, so when this
+        // returns no node holds any part of the table (a put dropped
+        // unanswered would leave its node cleaning up after the caller).
+        let (placed, fed) = futures::join!(futures::future::join_all(puts), feed);
+        match fed {
+            Ok(()) => {
+                for put in placed {
+                    put?;
+                }
+            }
+            // The put whose channel closed failed first: its error is the
+            // cause, the others only saw the placement stop.
+            Err(stop @ FeedStop::PutEnded(i)) => {
+                return Err(match placed.into_iter().nth(i) {
+                    Some(Err(cause)) => cause,
+                    _ => Error::Invalid(stop.to_string()),
+                });
+            }
+            Err(FeedStop::Source(why)) => return Err(Error::Invalid(why)),
+        }
         if self.spec.layout == Layout::Parity {
             self.checkpoint_all(names::LINEITEM).await?;
         }
@@ -510,25 +526,49 @@ impl Drop for Cluster {
 /// round-robin) and its column groups to the mirror nodes' puts. Stops at
 /// the first error of the source, or when a put has stopped taking
 /// blocks (its channel closed); says why.
+/// Why [`feed_blocks`] stopped before the source's end.
+#[derive(Debug)]
+enum FeedStop {
+    /// The put behind sender `i` (main nodes first, then mirror nodes)
+    /// ended early: it failed.
+    PutEnded(usize),
+    /// The source of row blocks failed.
+    Source(String),
+}
+
+impl std::fmt::Display for FeedStop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FeedStop::PutEnded(_) => f.write_str("placement stopped: a node's put ended early"),
+            FeedStop::Source(why) => f.write_str(why),
+        }
+    }
+}
+
+/// Sends each row block to its main node and its column groups to the
+/// mirror nodes, until the source ends or fails, or a put ends early.
 async fn feed_blocks(
     mut blocks: impl futures::Stream<Item = Result<RecordBatch>> + Unpin,
     to_main: &[tokio::sync::mpsc::Sender<Result<RecordBatch>>],
     to_mirror: &[tokio::sync::mpsc::Sender<Result<RecordBatch>>],
     groups: &[Vec<usize>],
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), FeedStop> {
     use futures::StreamExt;
-    let closed = || "placement stopped: a node's put ended early".to_string();
+    let source = |e: &dyn std::fmt::Display| FeedStop::Source(e.to_string());
     let mut b = 0usize;
     while let Some(block) = blocks.next().await {
-        let block = block.map_err(|e| e.to_string())?;
-        for (tx, cols) in to_mirror.iter().zip(groups) {
-            let part = block.project(cols).map_err(|e| e.to_string())?;
-            tx.send(Ok(part)).await.map_err(|_| closed())?;
+        let block = block.map_err(|e| source(&e))?;
+        for (m, (tx, cols)) in to_mirror.iter().zip(groups).enumerate() {
+            let part = block.project(cols).map_err(|e| source(&e))?;
+            tx.send(Ok(part))
+                .await
+                .map_err(|_| FeedStop::PutEnded(to_main.len() + m))?;
         }
-        to_main[row_owner(b, to_main.len())]
+        let owner = row_owner(b, to_main.len());
+        to_main[owner]
             .send(Ok(block))
             .await
-            .map_err(|_| closed())?;
+            .map_err(|_| FeedStop::PutEnded(owner))?;
         b += 1;
     }
     Ok(())
