@@ -111,13 +111,17 @@ struct World<'a> {
     shared_head_since: [u64; Priority::COUNT],
     suspended: u64,
     recovering: u64,
+    /// Groups running fewer tasks than their sigma, kept as `running`
+    /// changes (see [`World::set_running`]).
+    under_sigma: u64,
     running: Vec<Option<Running>>,
     /// Idle processors, one bit each.
     idle: Vec<u64>,
     /// Per group: processors that may dispatch it, one bit each.
     eligible: Vec<Vec<u64>>,
-    /// The task the last dispatch took.
-    picked: Option<SimTask>,
+    /// The processor whose scheduler is choosing now: a dispatch starts
+    /// the task it takes there (see [`World::ask`]).
+    asking: usize,
     rng: fastrand::Rng,
     latency: Histogram<u64>,
     stats: Stats,
@@ -271,10 +275,12 @@ impl<'a> World<'a> {
             shared_head_since: [0; Priority::COUNT],
             suspended: 0,
             recovering: 0,
+            // Nothing runs yet, and every sigma is at least 1.
+            under_sigma: u64::MAX >> (64 - n_groups),
             running: (0..cfg.cpus).map(|_| None).collect(),
             idle,
             eligible,
-            picked: None,
+            asking: 0,
             rng: fastrand::Rng::with_seed(cfg.seed),
             latency: Histogram::new_with_bounds(1, 3_600_000_000_000, 2)
                 .expect("static histogram bounds are valid"),
@@ -381,9 +387,9 @@ impl<'a> World<'a> {
         }
     }
 
-    fn audit(&mut self, task: &SimTask, from: u8, to: u8) {
+    fn audit(&mut self, id: u32, from: u8, to: u8) {
         if self.cfg.audit {
-            let state = &mut self.audit[task.id as usize];
+            let state = &mut self.audit[id as usize];
             if *state != from {
                 self.stats.invariants.audit_errors += 1;
             }
@@ -465,9 +471,11 @@ impl<'a> World<'a> {
         debug_assert!(self.running[cpu].is_none());
         let policy = self.cfg.policy;
         for _ in 0..2 {
+            // A dispatch starts its task on `cpu` itself: the task goes
+            // from its queue to the processor without a stop between.
+            self.asking = cpu;
             if scheds[cpu].next(self, policy, rules) == Step::Dispatched {
-                let task = self.picked.take().expect("a dispatch picks a task");
-                self.start(cpu, task);
+                debug_assert!(self.running[cpu].is_some(), "a dispatch starts a task");
                 return;
             }
             if !scheds[cpu].has_work(self, policy, rules) {
@@ -484,7 +492,7 @@ impl<'a> World<'a> {
     fn start(&mut self, cpu: usize, task: SimTask) {
         let g = usize::from(task.group);
         let bit = 1u64 << g;
-        self.audit(&task, QUEUED, RUNNING);
+        self.audit(task.id, QUEUED, RUNNING);
         let measuring = self.measuring();
         self.stats.dispatches_total += 1;
         if measuring {
@@ -506,7 +514,7 @@ impl<'a> World<'a> {
         let epoch = self.groups[g].epoch;
         if injected {
             // The body is dropped unrun; its client redrives it.
-            self.audit(&task, RUNNING, QUEUED);
+            self.audit(task.id, RUNNING, QUEUED);
             let again = task.clone();
             self.running[cpu] = Some(Running {
                 task,
@@ -565,14 +573,18 @@ impl<'a> World<'a> {
 
     /// A task's body ended on `cpu`.
     fn body_done(&mut self, cpu: usize, scheds: &mut [PoolScheduler], rules: Rules<'_>) {
-        let r = self.running[cpu].take().expect("a Done event has a task");
+        // The task stays on its processor until released.
+        let r = self.running[cpu].as_ref().expect("a Done event has a task");
         let g = usize::from(r.task.group);
+        let (id, arrival, client) = (r.task.id, r.task.arrival, r.task.client);
+        // Held once already if it was dispatched during a recovery.
+        let hold = !r.in_recovery && self.groups[g].epoch != r.epoch;
         if self.measuring() {
             self.stats.completed += 1;
-            let _ = self.latency.record((self.now - r.task.arrival).max(1));
+            let _ = self.latency.record((self.now - arrival).max(1));
         }
-        self.audit(&r.task, RUNNING, DONE);
-        if r.task.client {
+        self.audit(id, RUNNING, DONE);
+        if client {
             let next_group = match self.cfg.clients {
                 Clients::Bound => g,
                 Clients::Roaming => self.draw_group(),
@@ -581,9 +593,6 @@ impl<'a> World<'a> {
             self.submit(next, Some(cpu));
         }
         let fault = self.cfg.fault.filter(|f| f.group == g);
-        // Held once already if it was dispatched during a recovery.
-        let hold = !r.in_recovery && self.groups[g].epoch != r.epoch;
-        self.running[cpu] = Some(r);
         if let Some(f) = fault
             && hold
         {
@@ -605,7 +614,7 @@ impl<'a> World<'a> {
             .expect("a released processor had a task");
         let g = usize::from(r.task.group);
         debug_assert!(self.groups[g].running > 0);
-        self.groups[g].running -= 1;
+        self.set_running(g, self.groups[g].running - 1);
         if self.groups[g].leader_waiting && self.groups[g].running <= 1 {
             self.end_recovery(g, scheds, rules);
         }
@@ -673,6 +682,19 @@ impl<'a> World<'a> {
         }
     }
 
+    /// Group `g` now runs `n` tasks.
+    #[inline]
+    fn set_running(&mut self, g: usize, n: u32) {
+        let group = &mut self.groups[g];
+        group.running = n;
+        let bit = 1u64 << g;
+        if n < group.sigma {
+            self.under_sigma |= bit;
+        } else {
+            self.under_sigma &= !bit;
+        }
+    }
+
     fn head_wait(&mut self, since: u64) {
         self.stats.max_head_wait = self.stats.max_head_wait.max(self.now - since);
     }
@@ -704,6 +726,18 @@ impl JobQueues for World<'_> {
         self.groups[g as usize].sigma
     }
 
+    #[inline]
+    fn under_sigma(&self, mask: u64) -> u64 {
+        debug_assert_eq!(
+            self.under_sigma & mask,
+            (0..64)
+                .filter(|&g| mask & (1u64 << g) != 0)
+                .filter(|&g| self.running(g) < self.sigma(g))
+                .fold(0, |m, g| m | 1u64 << g),
+        );
+        self.under_sigma & mask
+    }
+
     fn dispatch_shared(&mut self, p: Priority) -> bool {
         let p = p.index();
         let Some(task) = self.shared[p].pop_front() else {
@@ -711,8 +745,9 @@ impl JobQueues for World<'_> {
         };
         self.head_wait(self.shared_head_since[p]);
         self.shared_head_since[p] = self.now;
-        self.groups[usize::from(task.group)].running += 1;
-        self.picked = Some(task);
+        let g = usize::from(task.group);
+        self.set_running(g, self.groups[g].running + 1);
+        self.start(self.asking, task);
         true
     }
 
@@ -742,11 +777,12 @@ impl JobQueues for World<'_> {
         if group.queues[pi].is_empty() {
             self.ready[pi] &= !bit;
         }
-        group.running += 1;
+        self.set_running(gi, self.groups[gi].running + 1);
+        let group = &self.groups[gi];
         if self.enforced & bit != 0 && group.running > group.sigma {
             self.stats.invariants.sigma_exceeded += 1;
         }
-        self.picked = Some(task);
+        self.start(self.asking, task);
         true
     }
 

@@ -9,11 +9,12 @@
 //! (time, sequence) would give, so runs stay byte-identical for a seed.
 //!
 //! The tree keeps, at every inner node, the slot that wins between its two
-//! children. Reading the minimum is one load; changing a slot's key replays
-//! the matches on its path to the root: log2(slots) comparisons, where a
-//! heap sifts. Against `BinaryHeap`'s sift-down on every pop and sift-up on every
-//! push, and with (time, sequence) packed into one `u128`, this made the
-//! simulator about 1.15x faster at 8 processors (docs/simulation.md).
+//! children, with its key beside it. Reading the minimum is one load;
+//! changing a slot's key replays the matches on its path to the root:
+//! log2(slots) comparisons, where a heap sifts. Against `BinaryHeap`'s
+//! sift-down on every pop and sift-up on every push, and with (time,
+//! sequence) packed into one `u128`, this made the simulator about 1.15x
+//! faster at 8 processors (docs/simulation.md).
 
 /// An empty slot's key: after every real one.
 const NONE: u128 = u128::MAX;
@@ -24,6 +25,14 @@ fn key(time: u64, seq: u64) -> u128 {
     (u128::from(time) << 64) | u128::from(seq)
 }
 
+/// A match's winner: its key and slot, side by side so that a match
+/// loads one node, not two arrays.
+#[derive(Debug, Clone, Copy)]
+struct Node {
+    key: u128,
+    slot: u32,
+}
+
 /// Pending events of `E`, one per slot.
 #[derive(Debug)]
 pub(super) struct Events<E> {
@@ -32,8 +41,7 @@ pub(super) struct Events<E> {
     /// The tournament, as a heap-ordered array: node `leaves + s` is slot
     /// `s`'s own key; node `n` holds the smaller of nodes `2n` and `2n + 1`
     /// (key and slot); node 1 is the earliest event.
-    keys: Vec<u128>,
-    slots: Vec<u32>,
+    nodes: Vec<Node>,
     leaves: usize,
     /// Slots in use: `0..used`.
     used: usize,
@@ -43,14 +51,13 @@ impl<E: Copy> Events<E> {
     /// An empty set of `slots` slots; `filler` stands in for absent events.
     pub(super) fn new(slots: usize, filler: E) -> Self {
         let leaves = slots.max(1).next_power_of_two();
-        let mut tree_slots = vec![0u32; 2 * leaves];
+        let mut nodes = vec![Node { key: NONE, slot: 0 }; 2 * leaves];
         for s in 0..leaves {
-            tree_slots[leaves + s] = u32::try_from(s).expect("slots fit in u32");
+            nodes[leaves + s].slot = u32::try_from(s).expect("slots fit in u32");
         }
         Events {
             what: vec![filler; leaves],
-            keys: vec![NONE; 2 * leaves],
-            slots: tree_slots,
+            nodes,
             leaves,
             used: slots,
         }
@@ -60,18 +67,17 @@ impl<E: Copy> Events<E> {
     #[inline]
     fn replay(&mut self, slot: usize, k: u128) {
         let mut n = self.leaves + slot;
-        self.keys[n] = k;
-        // The winner so far, carried up; each match is a select, not a
-        // branch (which way it goes is as good as random).
-        let (mut key, mut won) = (k, self.slots[n]);
+        let nodes = &mut self.nodes[..];
+        nodes[n].key = k;
+        // The winner so far, carried up.
+        let mut won = nodes[n];
         while n > 1 {
-            let (other_key, other) = (self.keys[n ^ 1], self.slots[n ^ 1]);
-            let other_wins = other_key < key;
-            key = if other_wins { other_key } else { key };
-            won = if other_wins { other } else { won };
+            let other = nodes[n ^ 1];
+            let other_wins = other.key < won.key;
+            won.key = if other_wins { other.key } else { won.key };
+            won.slot = if other_wins { other.slot } else { won.slot };
             n /= 2;
-            self.keys[n] = key;
-            self.slots[n] = won;
+            nodes[n] = won;
         }
     }
 
@@ -80,7 +86,7 @@ impl<E: Copy> Events<E> {
     #[inline]
     pub(super) fn set(&mut self, slot: usize, time: u64, seq: u64, what: E) {
         assert!(
-            self.keys[self.leaves + slot] == NONE,
+            self.nodes[self.leaves + slot].key == NONE,
             "slot {slot} already has an event pending"
         );
         self.replace(slot, time, seq, what);
@@ -106,8 +112,8 @@ impl<E: Copy> Events<E> {
     /// The earliest event: its slot, time, sequence number and what it is.
     #[inline]
     pub(super) fn first(&self) -> Option<(usize, u64, u64, E)> {
-        let k = self.keys[1];
-        let slot = self.slots[1] as usize;
+        let Node { key: k, slot } = self.nodes[1];
+        let slot = slot as usize;
         // Truncations take the two halves of the key apart.
         (k != NONE).then(|| (slot, (k >> 64) as u64, k as u64, self.what[slot]))
     }
@@ -115,7 +121,7 @@ impl<E: Copy> Events<E> {
     /// Whether `slot` has an event pending.
     #[cfg(test)]
     fn pending(&self, slot: usize) -> bool {
-        self.keys[self.leaves + slot] != NONE
+        self.nodes[self.leaves + slot].key != NONE
     }
 }
 

@@ -64,6 +64,10 @@ impl Part {
             let n = self.per_priority[p.index()];
             if pick < n {
                 let b = &self.buckets[p.index()];
+                if let [(only, _)] = b[..] {
+                    // One service time (the synthetic workloads).
+                    return (p, only);
+                }
                 let i = b.partition_point(|&(_, cum)| cum <= pick);
                 return (p, b[i].0);
             }
