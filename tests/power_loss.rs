@@ -26,7 +26,10 @@ const REGION: Region = Region {
 };
 
 /// `cycles` power losses, each after a random `5 ms + 0..spread` of the
-/// ledger client's writes.
+/// ledger client's writes. While no flushed write has been verified yet
+/// (on a loaded host a FLUSH can take longer than the whole window), up to
+/// 20 more, each with half a second more, so that the check below is never
+/// vacuous and never depends on the host's speed.
 fn power_loss_loop(cycles: u32, extra: &[&str], spread: Duration) {
     let mut args = vec![
         "--cache-size",
@@ -40,12 +43,14 @@ fn power_loss_loop(cycles: u32, extra: &[&str], spread: Duration) {
     let ledger = Arc::new(Mutex::new(Ledger::default()));
     let mut rng = 0x0bad_c0de_1234_5678u64;
     let (mut writes, mut flushes, mut covered) = (0, 0, 0);
-    for cycle in 0..cycles {
+    let mut cycle = 0;
+    while cycle < cycles || (covered == 0 && cycle < cycles + 20) {
         rng ^= rng << 13;
         rng ^= rng >> 7;
         rng ^= rng << 17;
         let spread_us = u64::try_from(spread.as_micros()).unwrap().max(1);
-        let delay = Duration::from_micros(5_000 + rng % spread_us);
+        let longer = if cycle < cycles { 0 } else { 500_000 };
+        let delay = Duration::from_micros(5_000 + rng % spread_us + longer);
         let client = {
             let (ledger, addr, seed) = (Arc::clone(&ledger), server.addr.clone(), rng);
             std::thread::spawn(move || {
@@ -80,9 +85,10 @@ fn power_loss_loop(cycles: u32, extra: &[&str], spread: Duration) {
             verified.lost.join("\n")
         );
         covered += verified.covered;
+        cycle += 1;
     }
     eprintln!(
-        "{cycles} power losses: {writes} writes and {flushes} FLUSHes acknowledged, {covered} flushed tracks verified"
+        "{cycle} power losses: {writes} writes and {flushes} FLUSHes acknowledged, {covered} flushed tracks verified"
     );
     assert!(
         flushes > 0 && covered > 0,
