@@ -572,8 +572,8 @@ const EPOCH_MIN: Duration = Duration::from_micros(100);
 /// keeps many requests in flight). Without it such a load sees fixed
 /// epochs: every reply of an epoch leaves in one burst at its end, the
 /// clients answer in one burst, and on few cores the controller and its
-/// clients take turns instead of running side by side. Commits are incremental and
-/// cost microseconds, so ending epochs this early is cheap.
+/// clients take turns instead of running side by side. Commits are
+/// incremental and cost microseconds, so ending epochs this early is cheap.
 pub const OUTPUT_WAIT_MAX: Duration = Duration::from_millis(1);
 
 /// Start the checkpoint thread: commits every interval (and, with commits

@@ -470,10 +470,10 @@ impl<'a> World<'a> {
     fn ask(&mut self, cpu: usize, scheds: &mut [PoolScheduler], rules: Rules<'_>) {
         debug_assert!(self.running[cpu].is_none());
         let policy = self.cfg.policy;
+        // A dispatch starts its task on `cpu` itself: the task goes from its
+        // queue to the processor without a stop between.
+        self.asking = cpu;
         for _ in 0..2 {
-            // A dispatch starts its task on `cpu` itself: the task goes
-            // from its queue to the processor without a stop between.
-            self.asking = cpu;
             if scheds[cpu].next(self, policy, rules) == Step::Dispatched {
                 debug_assert!(self.running[cpu].is_some(), "a dispatch starts a task");
                 return;

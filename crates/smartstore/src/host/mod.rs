@@ -522,10 +522,6 @@ impl Drop for Cluster {
     }
 }
 
-/// Hands each row block of `blocks` to its main node's put (row blocks
-/// round-robin) and its column groups to the mirror nodes' puts. Stops at
-/// the first error of the source, or when a put has stopped taking
-/// blocks (its channel closed); says why.
 /// Why [`feed_blocks`] stopped before the source's end.
 #[derive(Debug)]
 enum FeedStop {
@@ -545,8 +541,10 @@ impl std::fmt::Display for FeedStop {
     }
 }
 
-/// Sends each row block to its main node and its column groups to the
-/// mirror nodes, until the source ends or fails, or a put ends early.
+/// Hands each row block of `blocks` to its main node's put (row blocks
+/// round-robin) and its column groups to the mirror nodes' puts. Stops at
+/// the first error of the source, or when a put has stopped taking
+/// blocks (its channel closed); says why.
 async fn feed_blocks(
     mut blocks: impl futures::Stream<Item = Result<RecordBatch>> + Unpin,
     to_main: &[tokio::sync::mpsc::Sender<Result<RecordBatch>>],
