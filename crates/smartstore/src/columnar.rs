@@ -49,7 +49,9 @@ use crate::codec::{self, Codec};
 use crate::error::{Error, Result};
 use crate::object;
 
+mod stream;
 mod writer;
+pub use stream::{READ_CHUNK, RowBlocks};
 pub use writer::TableWriter;
 
 /// Bytes of one directory entry.
@@ -256,28 +258,7 @@ fn assemble(
 ) -> Result<Table> {
     let (schema, _) = decode_stream(path, src.segment(0, &segs[0])?)?;
     let schema = schema.ok_or_else(|| Error::object(path, "schema segment has no schema"))?;
-    if schema.fields().len() + 1 != segs.len() {
-        return Err(Error::object(
-            path,
-            format!(
-                "schema has {} columns, directory {} column segments",
-                schema.fields().len(),
-                segs.len() - 1
-            ),
-        ));
-    }
-    let idx: Vec<usize> = match columns {
-        None => (0..schema.fields().len()).collect(),
-        Some(cols) => cols
-            .iter()
-            .map(|c| {
-                schema
-                    .index_of(c)
-                    .map_err(|_| Error::Plan(format!("unknown column {c:?} in {}", path.display())))
-            })
-            .collect::<Result<_>>()?,
-    };
-    let out_schema = Arc::new(schema.project(&idx)?);
+    let (out_schema, idx) = projection(path, &schema, segs.len(), columns)?;
     let mut per_column = Vec::with_capacity(idx.len());
     for &i in &idx {
         let (_, batches) = decode_stream(path, src.segment(i + 1, &segs[i + 1])?)?;
@@ -309,6 +290,38 @@ fn assemble(
         batches.push(batch);
     }
     Ok((out_schema, batches))
+}
+
+/// The schema of the `columns` named (all when `None`) and their indices
+/// in `schema`, checking the schema against the directory's `segments`.
+fn projection(
+    path: &Path,
+    schema: &SchemaRef,
+    segments: usize,
+    columns: Option<&[String]>,
+) -> Result<(SchemaRef, Vec<usize>)> {
+    if schema.fields().len() + 1 != segments {
+        return Err(Error::object(
+            path,
+            format!(
+                "schema has {} columns, directory {} column segments",
+                schema.fields().len(),
+                segments - 1
+            ),
+        ));
+    }
+    let idx: Vec<usize> = match columns {
+        None => (0..schema.fields().len()).collect(),
+        Some(cols) => cols
+            .iter()
+            .map(|c| {
+                schema
+                    .index_of(c)
+                    .map_err(|_| Error::Plan(format!("unknown column {c:?} in {}", path.display())))
+            })
+            .collect::<Result<_>>()?,
+    };
+    Ok((Arc::new(schema.project(&idx)?), idx))
 }
 
 /// An aligned buffer holding a copy of `bytes`.
@@ -458,14 +471,28 @@ impl Source for OnDevice<'_> {
 /// (all when `None`), checking the header, the directory and every segment
 /// read. Returns the table and what the reads cost.
 pub fn read(path: &Path, columns: Option<&[String]>) -> Result<(Table, ReadCost)> {
-    let file = File::open(path).map_err(|e| Error::io(path, e))?;
-    let file_len = file.metadata().map_err(|e| Error::io(path, e))?.len();
     let mut cost = ReadCost::default();
+    let (file, segs) = open_table(path, &mut cost)?;
     let mut dev = OnDevice {
         path,
         file,
         payload_at: object::HEADER_LEN as u64,
         cost: &mut cost,
+    };
+    let table = assemble(path, &segs, columns, &mut dev)?;
+    Ok((table, cost))
+}
+
+/// Opens the table object at `path`: reads and checks its header and its
+/// directory (charging `cost`), and returns the file and the segments.
+fn open_table(path: &Path, cost: &mut ReadCost) -> Result<(File, Vec<Segment>)> {
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let file_len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+    let mut dev = OnDevice {
+        path,
+        file,
+        payload_at: object::HEADER_LEN as u64,
+        cost,
     };
     let head_len = (object::HEADER_LEN + PREFIX_LEN).min(file_len as usize);
     let head = dev.read(0, head_len)?;
@@ -482,8 +509,7 @@ pub fn read(path: &Path, columns: Option<&[String]>) -> Result<(Table, ReadCost)
     let want = directory_len(n.min(MAX_SEGMENTS)).min(payload_len as usize);
     let dir_bytes = dev.read(object::HEADER_LEN as u64, want)?;
     let segs = directory(path, &dir_bytes, payload_len)?;
-    let table = assemble(path, &segs, columns, &mut dev)?;
-    Ok((table, cost))
+    Ok((dev.file, segs))
 }
 
 #[cfg(test)]
