@@ -55,7 +55,8 @@ pub struct NodeArgs {
     /// Device model this node charges its I/O to.
     #[arg(long, value_enum, default_value_t = ModelArg::None)]
     device_model: ModelArg,
-    /// Memory for caching objects of the device (the paper's nodes: 64 MB); K, M, G suffixes.
+    /// Memory of the node (the paper's nodes: 64 MB; K, M, G suffixes): it caches objects of its
+    /// device in it, and a primitive whose input is larger streams and spills within it.
     #[arg(long, default_value = "64M")]
     memory: String,
     /// File holding the cluster token every call must carry (mode 0600, owned by this user;
@@ -94,10 +95,12 @@ pub struct NodeArgs {
     insecure: bool,
 }
 
-/// `--memory`, in the one size grammar of every flag (`64M`, `1GiB`).
-fn parse_memory(s: &str) -> anyhow::Result<usize> {
-    let bytes = controller::parse_size(s).map_err(|e| anyhow::anyhow!("--memory: {e}"))?;
-    usize::try_from(bytes).map_err(|_| anyhow::anyhow!("--memory {s:?}: too large"))
+/// A node's memory given to `flag`, in the one size grammar of every flag
+/// (`64M`, `1GiB`).
+fn parse_memory(flag: &str, s: &str) -> anyhow::Result<usize> {
+    let bytes = controller::parse_size(s).map_err(|e| anyhow::anyhow!("{flag}: {e}"))?;
+    anyhow::ensure!(bytes > 0, "{flag}: a node needs some memory, not 0");
+    usize::try_from(bytes).map_err(|_| anyhow::anyhow!("{flag} {s:?}: too large"))
 }
 
 /// What `rebound node`'s flags allow: its token, members and put limit.
@@ -165,7 +168,7 @@ pub fn node(args: NodeArgs) -> anyhow::Result<ExitCode> {
     if !smartstore::node::keep_heap_warm() {
         tracing::warn!("mallopt refused the heap thresholds; node runs with glibc's defaults");
     }
-    let memory = parse_memory(&args.memory)?;
+    let memory = parse_memory("--memory", &args.memory)?;
     let insecure = args.insecure;
     let node = smartstore::node::Node::open_with(&dir, args.device_model.model(), memory, access)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -273,6 +276,10 @@ pub struct QueryArgs {
     /// Do not print the phase breakdown (I/O, compute, communication) on stderr.
     #[arg(long)]
     quiet: bool,
+    /// Memory of each local node (`rebound node --memory`; K, M, G suffixes): it caches
+    /// objects in it, and a primitive whose input is larger streams and spills within it.
+    #[arg(long, default_value = "64M", conflicts_with = "node_addrs")]
+    node_memory: String,
     /// Lose this main-group node during the query (local nodes only) and recover it.
     #[arg(long)]
     fail_node: Option<usize>,
@@ -377,6 +384,7 @@ fn plan(args: &QueryArgs) -> anyhow::Result<(Query, ClusterSpec, Option<Fault>)>
         layout,
         spare: fault.is_some_and(|f| f.scheme.needs_spare()),
         model: args.device_model.model(),
+        memory: parse_memory("--node-memory", &args.node_memory)?,
     };
     spec.check()?;
     if let Some(f) = &fault {

@@ -50,6 +50,26 @@ fn query_q1_on_local_node_processes_prints_the_tpch_answer_as_csv() {
     }
 }
 
+/// Node processes given less memory than their share (`--node-memory
+/// 96K` against about 570 KB of Scan input a node) stream and spill every
+/// primitive and still print the TPC-H answer, checked by `--verify`.
+#[test]
+fn query_on_nodes_with_less_memory_than_their_share_prints_the_same_answer() {
+    let (ok, out, err) = rebound(&[
+        "query",
+        "--sf",
+        "0.01",
+        "--node-memory",
+        "96K",
+        "--format",
+        "csv",
+        "--verify",
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(out, Q1_SF001);
+    assert!(err.contains("verified"), "{err}");
+}
+
 #[test]
 fn query_scan_with_a_device_model_returns_the_selected_rows() {
     let (ok, out, err) = rebound(&[
@@ -459,6 +479,30 @@ fn fault_flags_that_do_not_fit_are_refused() {
         (
             vec!["node", "--dir", "/tmp/x", "--memory", "lots"],
             "--memory",
+        ),
+    ] {
+        let (ok, _, err) = rebound(&args);
+        assert!(!ok, "{args:?} succeeded");
+        assert!(err.contains(expect), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn memory_flags_that_make_no_sense_are_refused_with_the_flag_named() {
+    for (args, expect) in [
+        (vec!["node", "--dir", "/tmp/x", "--memory", "0"], "not 0"),
+        (vec!["query", "--node-memory", "lots"], "--node-memory"),
+        (
+            vec!["query", "--node-memory", "0"],
+            "--node-memory: a node needs",
+        ),
+        (
+            vec!["query", "--node-memory", "1M", "--node-addrs", "a:1"],
+            "cannot be used with",
+        ),
+        (
+            vec!["bench", "smartstore", "--quick", "--node-memory", "1M"],
+            "--scale",
         ),
     ] {
         let (ok, _, err) = rebound(&args);

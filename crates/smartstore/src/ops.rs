@@ -19,6 +19,7 @@ use crate::error::{Error, Result};
 use crate::plan::{AggFunc, Aggregate, Cmp, Primitive, Value};
 use crate::{ranksort, rungroup};
 
+pub mod bounded;
 mod exactsum;
 
 /// Sorts whose input is smaller than this concatenate and sort once
@@ -34,14 +35,18 @@ pub const BATCH_ROWS: usize = 16 * 1024;
 
 /// A DataFusion context for one embedded processor.
 pub fn context() -> SessionContext {
-    let config = SessionConfig::new()
+    SessionContext::new_with_config(config())
+}
+
+/// The session settings of one embedded processor.
+fn config() -> SessionConfig {
+    SessionConfig::new()
         .with_target_partitions(1)
         .with_batch_size(BATCH_ROWS)
         .set_usize(
             "datafusion.execution.sort_in_place_threshold_bytes",
             SORT_IN_PLACE_BYTES,
-        );
-    SessionContext::new_with_config(config)
+        )
 }
 
 /// A DataFrame over `batches` (which may be empty) with `schema`.
@@ -84,15 +89,23 @@ pub async fn run(
         return Ok(out);
     }
     let ctx = context();
-    let df = frame(&ctx, schema.clone(), batches)?;
-    let df = match primitive {
+    let df = apply(primitive, frame(&ctx, schema.clone(), batches)?, &schema)?;
+    let out_schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
+    let batches = df.collect().await?;
+    Ok((out_schema, batches))
+}
+
+/// `primitive` as DataFusion plans it over `df` (whose columns are
+/// `schema`'s).
+fn apply(primitive: &Primitive, df: DataFrame, schema: &SchemaRef) -> Result<DataFrame> {
+    Ok(match primitive {
         Primitive::Scan { filter, columns } => {
             let mut df = df;
             if let Some(pred) = filter
                 .iter()
                 .map(|p| {
-                    let l = expr(&p.left, &schema)?;
-                    let r = expr(&p.right, &schema)?;
+                    let l = expr(&p.left, schema)?;
+                    let r = expr(&p.right, schema)?;
                     Ok(match p.cmp {
                         Cmp::Lt => l.lt(r),
                         Cmp::Le => l.lt_eq(r),
@@ -110,7 +123,7 @@ pub async fn run(
             if let Some(cols) = columns {
                 let exprs = cols
                     .iter()
-                    .map(|c| column(c, &schema))
+                    .map(|c| column(c, schema))
                     .collect::<Result<Vec<_>>>()?;
                 df = df.select(exprs)?;
             }
@@ -119,18 +132,15 @@ pub async fn run(
         Primitive::Sort { keys } => {
             let exprs = keys
                 .iter()
-                .map(|k| Ok(column(&k.column, &schema)?.sort(!k.descending, false)))
+                .map(|k| Ok(column(&k.column, schema)?.sort(!k.descending, false)))
                 .collect::<Result<Vec<_>>>()?;
             df.sort(exprs)?
         }
         Primitive::AggGrpSort {
             group_by,
             aggregates,
-        } => grouped(df, group_by, aggregates, &schema)?,
-    };
-    let out_schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
-    let batches = df.collect().await?;
-    Ok((out_schema, batches))
+        } => grouped(df, group_by, aggregates, schema)?,
+    })
 }
 
 /// The AggGrpSort bundle as DataFusion plans it: aggregate `df` by the

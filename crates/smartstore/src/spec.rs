@@ -83,7 +83,15 @@ pub struct ClusterSpec {
     pub spare: bool,
     /// Device model of every node.
     pub model: DeviceModel,
+    /// Memory of every node the host starts (`rebound node --memory`):
+    /// what it caches objects in, and a primitive's working memory once
+    /// its input is larger (see `node::bounded`).
+    pub memory: usize,
 }
+
+/// A node's memory unless told otherwise: the paper's 64 MB of on-device
+/// memory (section 5).
+pub const DEFAULT_NODE_MEMORY: usize = 64 << 20;
 
 /// Largest group the host drives.
 pub const MAX_NODES: usize = 32;

@@ -23,7 +23,23 @@ fn spec(layout: Layout, spare: bool) -> ClusterSpec {
         layout,
         spare,
         model: DeviceModel::None,
+        memory: smartstore::host::DEFAULT_NODE_MEMORY,
     }
+}
+
+/// Q1's and the Scan's answers over the whole table in one process, as
+/// CSV.
+async fn answers(
+    schema: &arrow::datatypes::SchemaRef,
+    batches: &[arrow::record_batch::RecordBatch],
+) -> (String, String) {
+    let q1 = tpch::q1_single(schema.clone(), batches.to_vec())
+        .await
+        .unwrap();
+    let scan = tpch::scan_single(schema.clone(), batches.to_vec())
+        .await
+        .unwrap();
+    (tpch::to_csv(&[q1]).unwrap(), tpch::to_csv(&scan).unwrap())
 }
 
 /// A cluster of in-process nodes for `spec`, its files under `work`.
@@ -38,16 +54,7 @@ fn q1_and_scan_equal_a_single_process_run_for_both_layouts() {
     let rt = rt();
     rt.block_on(async {
         let (schema, batches) = tpch::lineitem(SF).unwrap();
-        let want_q1 = tpch::to_csv(&[tpch::q1_single(schema.clone(), batches.clone())
-            .await
-            .unwrap()])
-        .unwrap();
-        let want_scan = tpch::to_csv(
-            &tpch::scan_single(schema.clone(), batches.clone())
-                .await
-                .unwrap(),
-        )
-        .unwrap();
+        let (want_q1, want_scan) = answers(&schema, &batches).await;
         assert_eq!(want_q1.lines().count(), 5, "{want_q1}");
         assert!(want_scan.lines().count() > 100, "the scan selects rows");
         for layout in [Layout::Mirror, Layout::Parity] {
@@ -410,16 +417,7 @@ fn every_scheme_recovers_a_node_lost_mid_query_with_the_failure_free_answer() {
     let rt = rt();
     rt.block_on(async {
         let (schema, batches) = tpch::lineitem(SF).unwrap();
-        let want_q1 = tpch::to_csv(&[tpch::q1_single(schema.clone(), batches.clone())
-            .await
-            .unwrap()])
-        .unwrap();
-        let want_scan = tpch::to_csv(
-            &tpch::scan_single(schema.clone(), batches.clone())
-                .await
-                .unwrap(),
-        )
-        .unwrap();
+        let (want_q1, want_scan) = answers(&schema, &batches).await;
         let cases = [
             // (query, scheme, fail at, lost node, mode)
             (Query::Scan, Scheme::Spare, 0, 1, FailMode::Kill),
@@ -462,6 +460,7 @@ fn every_scheme_recovers_a_node_lost_mid_query_with_the_failure_free_answer() {
                 layout: scheme.layout(),
                 spare: scheme.needs_spare(),
                 model: DeviceModel::None,
+                memory: smartstore::host::DEFAULT_NODE_MEMORY,
             };
             let mut c = launch(spec, work.path()).await;
             c.place(schema.clone(), &batches).await.unwrap();
@@ -1076,5 +1075,140 @@ fn a_placement_that_loses_a_node_leaves_no_partial_table_on_the_others() {
             assert!(left.is_empty(), "main {i} left {left:?}");
         }
         c.shutdown();
+    });
+}
+
+/// Nodes whose memory is far below their share (128 KiB against about
+/// 570 KB of Scan input each at sf 0.01): every primitive streams its
+/// input, spills its sort runs and writes its output as it comes (an
+/// object when checkpointed, spilled runs when not), and every answer is
+/// still exactly the single-process one: without checkpoints, with them,
+/// and after a main node is lost and recovered. Spill files live only as
+/// long as the output they hold.
+#[test]
+fn nodes_with_less_memory_than_their_share_stream_and_spill_and_answer_exactly() {
+    use smartstore::recovery::{FailMode, Fault, Scheme};
+    let rt = rt();
+    rt.block_on(async {
+        let (schema, batches) = tpch::lineitem(SF).unwrap();
+        let (want_q1, want_scan) = answers(&schema, &batches).await;
+        let spills = |d: &std::path::Path| -> Vec<String> {
+            std::fs::read_dir(d.join(smartstore::node::SPILL_DIR))
+                .map(|r| {
+                    r.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        for scheme in [Scheme::Spare, Scheme::Parity] {
+            let work = tempfile::tempdir().unwrap();
+            let spec = ClusterSpec {
+                nodes: 4,
+                layout: scheme.layout(),
+                spare: true,
+                model: DeviceModel::None,
+                memory: 128 << 10,
+            };
+            let mut c = launch(spec, work.path()).await;
+            c.place(schema.clone(), &batches).await.unwrap();
+            let r = c.run_query(Query::Scan, false).await.unwrap();
+            assert_eq!(
+                tpch::to_csv(&r.result).unwrap(),
+                want_scan,
+                "{scheme:?} scan"
+            );
+            for checkpoint in [false, true] {
+                let r = c.run_query(Query::Q1, checkpoint).await.unwrap();
+                assert_eq!(
+                    tpch::to_csv(&r.result).unwrap(),
+                    want_q1,
+                    "{scheme:?} {checkpoint}"
+                );
+                for d in &c.dirs[..4] {
+                    let object = d.join(format!("{}.obj", names::Q1_OUT[0])).exists();
+                    let runs = spills(d);
+                    if checkpoint {
+                        // Materialised: table objects on the device; only
+                        // the Scan query's spilled output is left.
+                        assert!(object, "{}", d.display());
+                        assert!(runs.len() <= 1, "{}: {runs:?}", d.display());
+                    } else {
+                        // Scan and Sort outputs held as spilled runs.
+                        assert!(!object, "{}", d.display());
+                        assert!(runs.len() >= 2, "{}: {runs:?}", d.display());
+                    }
+                    assert!(runs.iter().all(|r| r.starts_with("run-")), "{runs:?}");
+                }
+            }
+            let fault = Fault {
+                mid_checkpoint: false,
+                node: 1,
+                at: 2,
+                mode: FailMode::Kill,
+                scheme,
+            };
+            let r = c
+                .run_query_with(Query::Q1, true, Some(fault))
+                .await
+                .unwrap();
+            assert_eq!(
+                tpch::to_csv(&r.result).unwrap(),
+                want_q1,
+                "{scheme:?} recovered"
+            );
+            for d in &c.dirs {
+                assert!(spills(d).len() <= 1, "{}: {:?}", d.display(), spills(d));
+            }
+        }
+    });
+}
+
+/// A node whose memory is smaller than its input reads the input a row
+/// block at a time; a flipped byte in any column segment still fails the
+/// primitive with the damaged file named, and no output is stored or held.
+#[test]
+fn a_damaged_input_fails_a_streamed_primitive_and_stores_no_output() {
+    use smartstore::plan::{Fragment, Primitive};
+    let rt = rt();
+    rt.block_on(async {
+        let (schema, batches) = tpch::lineitem(SF).unwrap();
+        let file = smartstore::columnar::table_file(&schema, &batches).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let node = smartstore::node::Node::open(dir.path(), DeviceModel::None, 64 << 10).unwrap();
+        let path = dir.path().join("lineitem.obj");
+        let scan = Fragment {
+            input: "lineitem".into(),
+            also: Vec::new(),
+            output: "out".into(),
+            primitive: Primitive::Scan {
+                filter: Vec::new(),
+                columns: None,
+            },
+            materialize: true,
+        };
+        // Intact, it streams (the input is far above 64 KiB) and stores.
+        smartstore::object::write_file(&path, &file).unwrap();
+        let s = node.run(&scan).await.unwrap();
+        assert_eq!(
+            s.rows_out,
+            batches.iter().map(|b| b.num_rows() as u64).sum::<u64>()
+        );
+        assert!(dir.path().join("out.obj").exists());
+        std::fs::remove_file(dir.path().join("out.obj")).unwrap();
+        // Bytes inside the last column's segment (the payload's end), and
+        // one in the middle of the file.
+        for at in [file.len() - 100, file.len() - 5000, file.len() / 2] {
+            let mut bad = file.clone();
+            bad[at] ^= 0x40;
+            smartstore::object::write_file(&path, &bad).unwrap();
+            let e = node.run(&scan).await.unwrap_err().to_string();
+            assert!(e.contains("lineitem.obj"), "byte {at}: {e}");
+            assert!(!dir.path().join("out.obj").exists(), "byte {at}");
+            let mut stats = smartstore::wire::Stats::default();
+            assert!(
+                node.load_table("out", None, &mut stats).is_err(),
+                "byte {at}"
+            );
+        }
     });
 }

@@ -20,7 +20,9 @@ use anyhow::Context;
 use clap::Args;
 use smartstore::codec::Codec;
 use smartstore::devmodel::DeviceModel;
-use smartstore::host::{Cluster, ClusterSpec, Launcher, Layout, Link, Query, QueryReport};
+use smartstore::host::{
+    Cluster, ClusterSpec, DEFAULT_NODE_MEMORY, Launcher, Layout, Link, Query, QueryReport,
+};
 use smartstore::recovery::{FailMode, Fault, Scheme};
 use smartstore::tpch;
 
@@ -55,6 +57,12 @@ pub struct SmartstoreArgs {
     /// stream, 4 + 4 nodes, checkpoints off, against DuckDB from Parquet in interleaved rounds.
     #[arg(long, conflicts_with = "recovery")]
     scale: bool,
+    /// With --scale: each node's memory (`rebound node --memory`; K, M, G suffixes), which
+    /// bounds a primitive's working memory once its input is larger: the paper's 64 MB makes
+    /// every Q1 primitive at sf 10 stream and spill; a size above a node's share runs them in
+    /// memory.
+    #[arg(long, default_value = "64M", value_parser = controller::parse_size, requires = "scale")]
+    node_memory: u64,
 }
 
 mod scale;
@@ -169,6 +177,7 @@ fn measure(setup: &Setup, runs: u32, codecs: bool) -> anyhow::Result<(Vec<Row>, 
                 layout,
                 spare: false,
                 model,
+                memory: DEFAULT_NODE_MEMORY,
             };
             let mut workloads = WORKLOADS.to_vec();
             if codecs && model == DeviceModel::None {
@@ -731,6 +740,7 @@ fn scenario(setup: &Setup, model: DeviceModel, sc: Scenario) -> anyhow::Result<Q
         layout: sc.layout(),
         spare: sc.scheme.is_some_and(|s| s.needs_spare()),
         model,
+        memory: DEFAULT_NODE_MEMORY,
     };
     let report = setup.rt.block_on(async {
         let mut c = Cluster::launch(spec, &setup.launcher(), &work).await?;

@@ -32,7 +32,6 @@ use arrow::record_batch::RecordBatch;
 use crate::access::{Credentials, Members, NodeAccess, Token, write_private};
 use crate::client::NodeClient;
 use crate::codec::Codec;
-use crate::devmodel::DeviceModel;
 use crate::error::{Error, Result};
 use crate::node::InProcessNode;
 use crate::plan::{Fragment, Primitive};
@@ -49,7 +48,7 @@ pub use netns::Link;
 
 pub use report::{CheckpointCost, Phase, QueryReport};
 // The plan-level types once lived here; their old paths stay.
-pub use crate::spec::{ClusterSpec, Layout, MAX_NODES, Query};
+pub use crate::spec::{ClusterSpec, DEFAULT_NODE_MEMORY, Layout, MAX_NODES, Query};
 
 /// A first run number unlikely to meet one an earlier host left on the
 /// same nodes: the clock's nanoseconds.
@@ -218,18 +217,19 @@ impl Cluster {
                         max_put_bytes: LOCAL_MAX_PUT_BYTES,
                         ..NodeAccess::default()
                     };
-                    let n = InProcessNode::start_with(&dir, spec.model, access)?;
+                    let n =
+                        InProcessNode::start_with_memory(&dir, spec.model, access, spec.memory)?;
                     let a = n.addr.clone();
                     (Owned::InProcess(n), a)
                 }
                 Launcher::Process(exe) => {
-                    let (child, a) = spawn_node(exe, &dir, spec.model, role, &files, None)?;
+                    let (child, a) = spawn_node(exe, &dir, &spec, role, &files, None)?;
                     (Owned::Process(child), a)
                 }
                 Launcher::Netns(exe, _) => {
                     let net = net.as_ref().expect("created above");
                     let at = Some((net.namespace(i), net.addr(Some(i))));
-                    let (child, a) = spawn_node(exe, &dir, spec.model, role, &files, at)?;
+                    let (child, a) = spawn_node(exe, &dir, &spec, role, &files, at)?;
                     (Owned::Process(child), a)
                 }
             };
@@ -614,7 +614,7 @@ pub const LOCAL_MAX_PUT_BYTES: u64 = 8 << 30;
 fn spawn_node(
     exe: &Path,
     dir: &Path,
-    model: DeviceModel,
+    spec: &ClusterSpec,
     role: &str,
     files: &ClusterFiles,
     netns: Option<(String, String)>,
@@ -632,7 +632,8 @@ fn spawn_node(
         .arg("node")
         .arg("--dir")
         .arg(dir)
-        .args(["--listen", &listen, "--device-model", model.name()])
+        .args(["--listen", &listen, "--device-model", spec.model.name()])
+        .args(["--memory", &spec.memory.to_string()])
         .arg("--token-file")
         .arg(&files.token)
         .arg("--members-file")

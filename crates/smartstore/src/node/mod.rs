@@ -22,10 +22,14 @@ use crate::columnar;
 use crate::devmodel::DeviceModel;
 use crate::error::{Error, Result};
 use crate::object::{self, Kind};
+use crate::ops::bounded::Spilled;
 use crate::plan::{Fragment, check_object_name};
 
+mod bounded;
 mod service;
 mod transfer;
+
+pub use bounded::SPILL_DIR;
 
 pub use service::{InProcessNode, NodeService, serve};
 use transfer::PendingParity;
@@ -56,6 +60,9 @@ pub struct Node {
 struct Held {
     table: Option<(SchemaRef, Vec<RecordBatch>)>,
     file: Option<Arc<Vec<u8>>>,
+    /// An output larger than memory that the query does not materialise,
+    /// kept as spilled runs (see `bounded`); none of it is in memory.
+    spilled: Option<Arc<Spilled>>,
     bytes: usize,
     /// Whether the object is also on the device, so memory may drop it.
     on_device: bool,
@@ -85,7 +92,7 @@ impl std::fmt::Debug for Inner {
 /// primitive that needs it. Objects kept in memory only (a primitive's
 /// output until its checkpoint has written it) are the only copy and are
 /// always held.
-pub const DEFAULT_MEMORY: usize = 64 << 20;
+pub const DEFAULT_MEMORY: usize = crate::spec::DEFAULT_NODE_MEMORY;
 
 /// Where a stored object goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,6 +161,7 @@ impl Node {
         access: NodeAccess,
     ) -> Result<Arc<Node>> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        bounded::clear_spills(dir);
         Ok(Arc::new(Node {
             dir: dir.to_path_buf(),
             model,
@@ -200,6 +208,9 @@ impl Node {
             let inner = self.inner.lock();
             match inner.get(name) {
                 Some(Held { file: Some(f), .. }) => return Ok(f.clone()),
+                Some(Held {
+                    spilled: Some(s), ..
+                }) => Some(read_spilled(s)?),
                 // Once on the device, its bytes are those of the file there
                 // (a checkpoint's codec), which parity members must match.
                 Some(Held {
@@ -245,6 +256,7 @@ impl Node {
             Held {
                 table: None,
                 file: Some(Arc::new(file)),
+                spilled: None,
                 bytes,
                 on_device: placement != Placement::Memory,
             },
@@ -266,11 +278,12 @@ impl Node {
             .inner
             .lock()
             .get(name)
-            .map(|h| (h.table.clone(), h.file.clone()));
+            .map(|h| (h.table.clone(), h.file.clone(), h.spilled.clone()));
         let t = Instant::now();
         let (schema, batches) = match held {
-            Some((Some(tb), _)) => tb,
-            Some((None, Some(file))) => {
+            Some((Some(tb), _, _)) => tb,
+            Some((None, None, Some(s))) => read_spilled(&s)?,
+            Some((None, Some(file), _)) => {
                 let (kind, payload) = object::decode(&path, &file)?;
                 if kind != Kind::Table {
                     return Err(Error::object(&path, "is not a table"));
@@ -295,14 +308,7 @@ impl Node {
                 if schema.fields().len() != cols.len()
                     || schema.fields().iter().zip(cols).any(|(f, c)| f.name() != c) =>
             {
-                let idx = cols
-                    .iter()
-                    .map(|c| {
-                        schema
-                            .index_of(c)
-                            .map_err(|_| Error::Plan(format!("unknown column {c:?} in {name}")))
-                    })
-                    .collect::<Result<Vec<_>>>()?;
+                let idx = column_indices(&schema, cols, name)?;
                 let s = Arc::new(schema.project(&idx)?);
                 let b = batches
                     .iter()
@@ -330,6 +336,7 @@ impl Node {
         let mut held = Held {
             table: Some((schema.clone(), batches)),
             file: None,
+            spilled: None,
             bytes,
             on_device: placement != Placement::Memory,
         };
@@ -377,7 +384,9 @@ impl Node {
     }
 
     /// Runs a fragment: reads its input (only the columns a Scan needs),
-    /// runs the primitive, materialises the output.
+    /// runs the primitive, materialises the output. An input larger than
+    /// the node's memory is streamed instead, and the output written to
+    /// the device as it comes (see `bounded`).
     pub async fn run(&self, fragment: &Fragment) -> Result<Stats> {
         self.check_storage()?;
         let mut stats = Stats::default();
@@ -387,6 +396,9 @@ impl Node {
             self.inner.lock().held.retain(|h| h.0 != fragment.output);
         }
         let needed = fragment.primitive.input_columns();
+        if let Some(inputs) = self.streamed_inputs(fragment, needed.as_deref(), &mut stats)? {
+            return self.run_bounded(fragment, inputs, stats).await;
+        }
         let (schema, mut batches) =
             self.load_table(&fragment.input, needed.as_deref(), &mut stats)?;
         for more in &fragment.also {
@@ -423,6 +435,24 @@ impl Node {
                 message: e.to_string(),
             })
     }
+}
+
+/// The indices in `schema` of the columns `cols` of object `name`.
+fn column_indices(schema: &SchemaRef, cols: &[String], name: &str) -> Result<Vec<usize>> {
+    cols.iter()
+        .map(|c| {
+            schema
+                .index_of(c)
+                .map_err(|_| Error::Plan(format!("unknown column {c:?} in {name}")))
+        })
+        .collect()
+}
+
+/// All of a spilled output's rows, in memory (a host fetching it, or a
+/// checkpoint shipping it, takes it whole).
+fn read_spilled(s: &Spilled) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+    let batches = s.blocks()?.collect::<Result<Vec<_>>>()?;
+    Ok((s.schema().clone(), batches))
 }
 
 /// Keeps the memory a node frees in its heap, for its next primitive.

@@ -438,7 +438,18 @@ impl InProcessNode {
 
     /// Starts a node over `dir` under `access` on an ephemeral loopback port.
     pub fn start_with(dir: &Path, model: DeviceModel, access: NodeAccess) -> Result<InProcessNode> {
-        let node = Node::open_with(dir, model, DEFAULT_MEMORY, access)?;
+        InProcessNode::start_with_memory(dir, model, access, DEFAULT_MEMORY)
+    }
+
+    /// Starts a node over `dir` under `access` with `memory` bytes of
+    /// memory (see [`Node::open_with`]).
+    pub fn start_with_memory(
+        dir: &Path,
+        model: DeviceModel,
+        access: NodeAccess,
+        memory: usize,
+    ) -> Result<InProcessNode> {
+        let node = Node::open_with(dir, model, memory, access)?;
         let std_listener =
             std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::io(dir, e))?;
         std_listener

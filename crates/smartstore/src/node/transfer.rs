@@ -121,12 +121,19 @@ impl Node {
     /// matters), and those same bytes are what the peer gets. An object
     /// already on the device is sent as it is stored.
     fn checkpoint_file(&self, name: &str, codec: Codec, stats: &mut Stats) -> Result<Arc<Vec<u8>>> {
-        let table = {
+        let (table, spilled) = {
             let inner = self.inner.lock();
             match inner.get(name) {
-                Some(h) if !h.on_device => h.table.clone(),
-                _ => None,
+                Some(h) if !h.on_device => (h.table.clone(), h.spilled.clone()),
+                _ => (None, None),
             }
+        };
+        // A spilled output is read whole to be encoded (a checkpoint
+        // file is built in memory), then kept on the device instead.
+        let table = match (table, &spilled) {
+            (Some(t), _) => Some(t),
+            (None, Some(s)) => Some(super::read_spilled(s)?),
+            (None, None) => None,
         };
         let Some((schema, batches)) = table else {
             return self.load(name, stats);
@@ -142,7 +149,12 @@ impl Node {
         object::write_file(&path, &file)?;
         self.charge(file.len() as u64, t.elapsed(), stats);
         stats.bytes_written += file.len() as u64;
-        self.inner.lock().mark_on_device(name);
+        if spilled.is_some() {
+            // The object on the device replaces the runs.
+            self.inner.lock().held.retain(|h| h.0 != name);
+        } else {
+            self.inner.lock().mark_on_device(name);
+        }
         Ok(Arc::new(file))
     }
 

@@ -61,6 +61,7 @@ pub(super) fn run(args: &SmartstoreArgs) -> anyhow::Result<ExitCode> {
         layout: Layout::Mirror,
         spare: false,
         model: DeviceModel::None,
+        memory: usize::try_from(args.node_memory).context("--node-memory")?,
     };
     let work = scratch.path().join("cluster");
     let measured = rt.block_on(async {
@@ -347,8 +348,9 @@ fn mb(bytes: u64) -> String {
     format!("{:.0}", bytes as f64 / 1e6)
 }
 
-/// The generation, placement and memory tables.
-fn print_setup(first: &FirstPass, m: &Measured, host_peak: u64) {
+/// The generation, placement and memory tables; `memory` is each node's
+/// `--memory`.
+fn print_setup(first: &FirstPass, m: &Measured, host_peak: u64, memory: u64) {
     let n = DATA_NODES;
     let main_disk: u64 = m.disk[..n].iter().sum();
     let mirror_disk: u64 = m.disk[n..].iter().sum();
@@ -394,10 +396,12 @@ fn print_setup(first: &FirstPass, m: &Measured, host_peak: u64) {
     }
     println!("{}", t.render());
     println!(
-        "nodes' data: main group {} MB, mirror group {} MB; largest node peak {} MB",
+        "nodes' data: main group {} MB, mirror group {} MB; largest node peak {} MB \
+         (each node's --memory {} MiB: a primitive whose input is larger streams and spills)",
         mb(main_disk),
         mb(mirror_disk),
-        mb(max(&m.node_peaks))
+        mb(max(&m.node_peaks)),
+        memory >> 20
     );
 }
 
@@ -417,7 +421,7 @@ fn report(
          after one warm-up query each",
         first.rows
     );
-    print_setup(first, &m, host_peak);
+    print_setup(first, &m, host_peak, args.node_memory);
     let ours_each: Vec<String> = m
         .ours
         .iter()
@@ -454,13 +458,27 @@ fn report(
         }
     );
     if !args.common.quick {
-        plot(&args.common.out, sf, &ours, duck_s, duck.threads)?;
+        plot(
+            &args.common.out,
+            sf,
+            &ours,
+            duck_s,
+            duck.threads,
+            args.node_memory,
+        )?;
     }
     Ok(ExitCode::SUCCESS)
 }
 
 /// Q1's phases stacked for rebound, next to DuckDB's one bar.
-fn plot(out: &Path, sf: f64, ours: &QueryReport, duck_s: f64, threads: u64) -> anyhow::Result<()> {
+fn plot(
+    out: &Path,
+    sf: f64,
+    ours: &QueryReport,
+    duck_s: f64,
+    threads: u64,
+    memory: u64,
+) -> anyhow::Result<()> {
     std::fs::create_dir_all(out)?;
     let categories = vec![
         format!("rebound, {DATA_NODES}+{DATA_NODES} nodes"),
@@ -474,7 +492,10 @@ fn plot(out: &Path, sf: f64, ours: &QueryReport, duck_s: f64, threads: u64) -> a
     let png: PathBuf = out.join("smartstore-scale.png");
     stacked_bar_png(
         &png,
-        &format!("TPC-H Q1 at sf {sf}, checkpoints off, no device model"),
+        &format!(
+            "TPC-H Q1 at sf {sf}, checkpoints off, no device model, node memory {} MiB",
+            memory >> 20
+        ),
         &[BarPanel {
             title: "median round".into(),
             y_label: "wall time (s)".into(),

@@ -1,0 +1,289 @@
+//! Running a fragment whose input does not fit the node's memory.
+//!
+//! A node's `--memory` (the paper's 64 MB of on-device memory, section 5)
+//! bounds the objects it caches. A fragment whose input is larger than
+//! that is not loaded whole: its input objects are read a row block at a
+//! time ([`RowBlocks`]), the primitive runs within the same
+//! number of bytes of working memory ([`crate::ops::bounded`], spilling to
+//! the node's `.spill` directory). Its output is kept in memory while it
+//! is under half the budget (an aggregate's groups); past that it is
+//! written to the device as it is produced
+//! ([`crate::columnar::TableWriter`]), whether or not the query asked for
+//! it to be materialised: an output larger than the node's memory cannot
+//! be kept in it. The output object is put in place only
+//! after the whole input was read and checked, so a damaged input stores
+//! nothing.
+//!
+//! A fragment whose input fits runs as before ([`Node::run`]): loaded
+//! whole, with the in-memory primitives' speed; its working memory is up
+//! to about twice its input (input and output).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow::datatypes::SchemaRef;
+use futures::StreamExt;
+use parking_lot::Mutex;
+
+use super::{Held, Node, Placement};
+use crate::batch::data_bytes;
+use crate::columnar::TableWriter;
+use crate::columnar::{ReadCost, RowBlocks};
+use crate::error::{Error, Result};
+use crate::ops::bounded::{self, BatchIter, BatchStream, Output, RunWriter, Spilled, WorkMemory};
+use crate::plan::Fragment;
+use crate::wire::Stats;
+
+/// Name of the directory, inside a node's, that spill files go to (a name
+/// no object can have: object names do not start with a dot).
+pub const SPILL_DIR: &str = ".spill";
+
+/// A fragment's inputs when they are streamed: their schema and blocks,
+/// and what reading them costs as it happens.
+pub(super) struct Streamed {
+    schema: SchemaRef,
+    blocks: BatchIter,
+    cost: Arc<Mutex<ReadCost>>,
+}
+
+impl Node {
+    /// The fragment's inputs as streams when they are larger than the
+    /// node's memory in all; `None` when they fit (the caller loads them).
+    pub(super) fn streamed_inputs(
+        &self,
+        fragment: &Fragment,
+        columns: Option<&[String]>,
+        stats: &mut Stats,
+    ) -> Result<Option<Streamed>> {
+        let budget = self.inner.lock().budget;
+        let cost = Arc::new(Mutex::new(ReadCost::default()));
+        let mut total: u64 = 0;
+        let mut parts = Vec::new();
+        let mut spilled = false;
+        for name in std::iter::once(&fragment.input).chain(&fragment.also) {
+            let held = self
+                .inner
+                .lock()
+                .get(name)
+                .map(|h| (h.bytes as u64, h.spilled.clone()));
+            match held {
+                Some((_, Some(s))) => {
+                    total += s.bytes();
+                    spilled = true;
+                    parts.push((name, Part::Spilled(s)));
+                }
+                Some((bytes, None)) => {
+                    total += bytes;
+                    parts.push((name, Part::Held));
+                }
+                None => {
+                    let r = RowBlocks::open(&self.path(name)?, columns, cost.clone())?;
+                    total += r.bytes();
+                    parts.push((name, Part::Device(r)));
+                }
+            }
+        }
+        // A spilled input is never loaded whole: it was too large.
+        if total <= budget as u64 && !spilled {
+            return Ok(None);
+        }
+        let mut schema: Option<SchemaRef> = None;
+        let mut blocks: Vec<BatchIter> = Vec::with_capacity(parts.len());
+        for (name, part) in parts {
+            let (s, b): (SchemaRef, BatchIter) = match part {
+                Part::Device(r) => (r.schema().clone(), Box::new(r)),
+                Part::Spilled(sp) => project(&sp, name, columns)?,
+                // Held in memory already: its blocks cost nothing more.
+                Part::Held => {
+                    let (s, b) = self.load_table(name, columns, stats)?;
+                    (s, Box::new(b.into_iter().map(Ok)))
+                }
+            };
+            match &schema {
+                Some(first) if first.fields() != s.fields() => {
+                    return Err(Error::Plan(format!(
+                        "{name} does not have {}'s columns",
+                        fragment.input
+                    )));
+                }
+                Some(_) => {}
+                None => schema = Some(s),
+            }
+            blocks.push(b);
+        }
+        Ok(Some(Streamed {
+            schema: schema.expect("one input at least"),
+            blocks: Box::new(blocks.into_iter().flatten()),
+            cost,
+        }))
+    }
+
+    /// Runs `fragment` over `inputs` within the node's memory and writes
+    /// its output to the device as it comes (see the module docs).
+    pub(super) async fn run_bounded(
+        &self,
+        fragment: &Fragment,
+        inputs: Streamed,
+        mut stats: Stats,
+    ) -> Result<Stats> {
+        let started = Instant::now();
+        let mem = WorkMemory {
+            budget: self.inner.lock().budget,
+            spill_dir: self.dir.join(SPILL_DIR),
+        };
+        let (schema, out) =
+            bounded::run(&fragment.primitive, inputs.schema, inputs.blocks, &mem).await?;
+        let mut writing = Duration::ZERO;
+        match out {
+            // Sorted runs the query does not materialise stay as they are:
+            // the next primitive merges them as it reads.
+            Output::Spilled(runs) if !fragment.materialize => {
+                stats.rows_out = runs.rows();
+                self.inner.lock().put(
+                    &fragment.output,
+                    Held {
+                        spilled: Some(Arc::new(runs)),
+                        ..Held::default()
+                    },
+                );
+            }
+            out => {
+                let out = out.into_stream()?;
+                writing = self
+                    .store_stream(fragment, &schema, out, &mem, &mut stats)
+                    .await?;
+            }
+        }
+        let cost = std::mem::take(&mut *inputs.cost.lock());
+        let modelled: Option<Duration> = cost.requests.iter().map(|&b| self.model.charge(b)).sum();
+        stats.io_real_s += cost.time.as_secs_f64();
+        stats.io_s += modelled.unwrap_or(cost.time).as_secs_f64();
+        stats.bytes_read += cost.bytes();
+        stats.compute_s += started
+            .elapsed()
+            .saturating_sub(cost.time + writing)
+            .as_secs_f64();
+        Ok(stats)
+    }
+}
+
+impl Node {
+    /// Stores a primitive's output stream as `fragment.output`: in memory
+    /// while it is under half the budget (an aggregate's groups), past that
+    /// written as it comes, as a table object when the query materialises
+    /// it, else as one spilled run. Returns the time spent writing.
+    async fn store_stream(
+        &self,
+        fragment: &Fragment,
+        schema: &SchemaRef,
+        mut out: BatchStream,
+        mem: &WorkMemory,
+        stats: &mut Stats,
+    ) -> Result<Duration> {
+        let mut kept = Vec::new();
+        let mut kept_bytes = 0;
+        let mut sink: Option<Sink> = None;
+        let mut writing = Duration::ZERO;
+        while let Some(b) = out.next().await {
+            let b = b?;
+            stats.rows_out += b.num_rows() as u64;
+            let t = Instant::now();
+            match &mut sink {
+                Some(s) => s.write(&b)?,
+                None => {
+                    kept_bytes += data_bytes(&b);
+                    kept.push(b);
+                    if kept_bytes > mem.budget / 2 {
+                        let mut s = if fragment.materialize {
+                            Sink::Object(self.table_writer(&fragment.output, schema)?)
+                        } else {
+                            Sink::Run(Box::new(RunWriter::create(&mem.spill_dir, schema)?))
+                        };
+                        for k in kept.drain(..) {
+                            s.write(&k)?;
+                        }
+                        sink = Some(s);
+                    }
+                }
+            }
+            writing += t.elapsed();
+        }
+        drop(out);
+        let t = Instant::now();
+        match sink {
+            None => {
+                let placement = if fragment.materialize {
+                    Placement::Device
+                } else {
+                    Placement::Memory
+                };
+                self.store_table(&fragment.output, schema, kept, placement, stats)?;
+                return Ok(Duration::ZERO);
+            }
+            Some(Sink::Object(w)) => {
+                let len = w.finish(false)?;
+                writing += t.elapsed();
+                self.charge(len, writing, stats);
+                stats.bytes_written += len;
+                // A held copy of an older output of this name is stale now.
+                self.inner.lock().held.retain(|h| h.0 != fragment.output);
+            }
+            Some(Sink::Run(w)) => {
+                let runs = w.into_spilled()?;
+                writing += t.elapsed();
+                let _ = std::fs::remove_file(self.path(&fragment.output)?);
+                self.inner.lock().put(
+                    &fragment.output,
+                    Held {
+                        spilled: Some(Arc::new(runs)),
+                        ..Held::default()
+                    },
+                );
+            }
+        }
+        Ok(writing)
+    }
+}
+
+/// Where an output too large for memory goes.
+enum Sink {
+    Object(TableWriter),
+    Run(Box<RunWriter>),
+}
+
+impl Sink {
+    fn write(&mut self, b: &arrow::record_batch::RecordBatch) -> Result<()> {
+        match self {
+            Sink::Object(w) => w.write(b),
+            Sink::Run(w) => w.write(b),
+        }
+    }
+}
+
+/// Where one input of a streamed fragment is.
+enum Part {
+    /// In the node's memory.
+    Held,
+    /// On the device as a table object.
+    Device(RowBlocks),
+    /// Spilled runs.
+    Spilled(Arc<Spilled>),
+}
+
+/// The blocks of spilled output `name`, projected to `columns` (all when
+/// `None`).
+fn project(sp: &Spilled, name: &str, columns: Option<&[String]>) -> Result<(SchemaRef, BatchIter)> {
+    let schema = sp.schema().clone();
+    let Some(cols) = columns else {
+        return Ok((schema, sp.blocks()?));
+    };
+    let idx = super::column_indices(&schema, cols, name)?;
+    let out = Arc::new(schema.project(&idx)?);
+    let blocks = sp.blocks()?.map(move |b| Ok(b?.project(&idx)?));
+    Ok((out, Box::new(blocks)))
+}
+
+/// Removes spill files a process killed mid-primitive left in `dir`.
+pub(super) fn clear_spills(dir: &std::path::Path) {
+    let _ = std::fs::remove_dir_all(dir.join(SPILL_DIR));
+}

@@ -1,0 +1,1123 @@
+//! A primitive in a node's bounded working memory: streamed, and spilled
+//! to the node's device where it must hold more than its memory.
+//!
+//! The smart-storage paper's nodes run each primitive on an embedded
+//! processor with a small memory (64 MB in its section 5); a node's
+//! partition is far larger, so a primitive cannot hold its input whole.
+//! [`super::run`] does hold it: fast while a node's share fits its
+//! memory, and at scale factor 10 (15 million rows a node) it needs about
+//! 2.6 GB. [`run`] takes the input as a stream of row blocks (a stored
+//! object read by [`crate::columnar::RowBlocks`]) and returns the output
+//! as a stream, holding at most about [`WorkMemory::budget`] bytes:
+//!
+//! - **Scan** filters and projects block by block (DataFusion's filter
+//!   over a streaming source); it holds one block.
+//! - **Sort** is an external merge sort. The input is cut into chunks of a
+//!   quarter of the budget; each chunk is sorted in memory by
+//!   [`super::run`] (so Q1's dictionary keys still take the bucketed
+//!   [`crate::ranksort`]) and spilled as a sorted run, an Arrow IPC stream
+//!   file in the spill directory. The runs are then merged
+//!   ([`Merge`]): a stable k-way merge over arrow's row format, which
+//!   emits the longest stretch of the leading run that sorts before every
+//!   other run's head in one slice, found by galloping. A stable chunk
+//!   sort makes the whole sort stable; runs with key-constant batches
+//!   (ranksort's buckets) merge a batch at a time. When more runs are cut
+//!   than the budget holds a batch of each, groups of runs are merged into
+//!   longer runs first.
+//! - **AggGrpSort** whose aggregates combine (Q1's sums and counts, and
+//!   minima and maxima) aggregates a chunk at a time in memory and
+//!   combines the partial rows ([`aggregate_by_chunks`]): memory holds a
+//!   chunk and one row per group.
+//! - **AggGrpSort** with an average is DataFusion's grouped aggregation and sort over the
+//!   streaming source, under a memory pool of the budget with the spill
+//!   directory for its temporary files (at least [`MIN_POOL`]; DataFusion
+//!   spills its sort and,
+//!   where it can, its aggregation state there; an aggregation whose
+//!   groups cannot fit and cannot spill is refused with DataFusion's
+//!   "resources exhausted" error, never answered wrong).
+//!
+//! The budget bounds what these steps hold; a node adds its runtime, one
+//! read chunk per input column ([`crate::columnar::READ_CHUNK`]) and one
+//! write buffer per output column. Spill files are removed when the step
+//! that wrote them ends, successfully or not.
+
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use arrow::compute::{SortOptions, concat_batches};
+use arrow::datatypes::SchemaRef;
+use arrow::ipc::reader::StreamReader;
+use arrow::ipc::writer::StreamWriter;
+use arrow::record_batch::RecordBatch;
+use arrow::row::{RowConverter, Rows, SortField};
+use datafusion::catalog::streaming::StreamingTable;
+use datafusion::error::DataFusionError;
+use datafusion::execution::TaskContext;
+use datafusion::execution::memory_pool::FairSpillPool;
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::physical_plan::SendableRecordBatchStream;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::streaming::PartitionStream;
+use datafusion::prelude::SessionContext;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+
+use super::BATCH_ROWS;
+use crate::batch::data_bytes;
+use crate::error::{Error, Result};
+use crate::plan::{AggFunc, Aggregate, Primitive, SortKey, Value};
+
+/// A primitive's input: row blocks, each a `Result` (a damaged input
+/// ends with an error).
+pub type BatchIter = Box<dyn Iterator<Item = Result<RecordBatch>> + Send>;
+
+/// A primitive's output, produced as it is consumed.
+pub type BatchStream = BoxStream<'static, Result<RecordBatch>>;
+
+/// The working memory a primitive may hold, and where it spills.
+#[derive(Debug, Clone)]
+pub struct WorkMemory {
+    /// Bytes of row data the primitive holds at most (at least one row
+    /// block, whatever this says).
+    pub budget: usize,
+    /// Directory for spill files (created when first needed).
+    pub spill_dir: PathBuf,
+}
+
+/// An external sort cuts its input into chunks of `budget /` this.
+const CHUNKS_PER_BUDGET: usize = 4;
+
+/// Smallest memory pool DataFusion's operators get: a grouped aggregation
+/// reserves a few batches' worth of hash table before it can spill (about
+/// 80 KB for 16,384-row batches), and a pool below that refuses even a
+/// handful of groups.
+const MIN_POOL: usize = 4 << 20;
+
+/// Most runs merged at once, whatever the budget.
+const MAX_FAN_IN: usize = 1024;
+
+/// Runs `primitive` over `input` (row blocks of `schema`) within `mem`;
+/// returns the output's schema and the output: a stream, its input read
+/// as it is consumed, or a Sort's runs, spilled once its input was read
+/// whole and merged as they are read.
+pub async fn run(
+    primitive: &Primitive,
+    schema: SchemaRef,
+    input: BatchIter,
+    mem: &WorkMemory,
+) -> Result<(SchemaRef, Output)> {
+    match primitive {
+        Primitive::Sort { keys } => sort(schema, keys, input, mem).await,
+        Primitive::AggGrpSort {
+            group_by,
+            aggregates,
+        } if aggregates.iter().all(|a| a.func != AggFunc::Avg) => {
+            let (schema, out) =
+                aggregate_by_chunks(schema, group_by, aggregates, input, mem).await?;
+            let out = futures::stream::iter(out.into_iter().map(Ok)).boxed();
+            Ok((schema, Output::Stream(out)))
+        }
+        _ => {
+            let (schema, out) = through_datafusion(primitive, schema, input, mem).await?;
+            Ok((schema, Output::Stream(out)))
+        }
+    }
+}
+
+/// What a primitive in bounded memory produced.
+#[allow(missing_debug_implementations)] // a stream has no Debug
+pub enum Output {
+    /// Batches, produced as they are consumed.
+    Stream(BatchStream),
+    /// Sorted runs on the device, merged as they are read.
+    Spilled(Spilled),
+}
+
+impl Output {
+    /// The output as a stream of batches (a spilled one merged).
+    pub fn into_stream(self) -> Result<BatchStream> {
+        Ok(match self {
+            Output::Stream(s) => s,
+            Output::Spilled(s) => futures::stream::iter(s.blocks()?).boxed(),
+        })
+    }
+}
+
+/// AggGrpSort whose aggregates combine (sums, counts, minima, maxima):
+/// each chunk of the input is aggregated in memory by [`super::run`] (so
+/// Q1's sums keep their exact integer path), and the partial rows so far
+/// are aggregated again with each chunk's (sums and counts summed, minima
+/// and maxima of minima and maxima), so memory holds a chunk and one row
+/// per group. Groups whose rows outgrow half the budget are refused.
+async fn aggregate_by_chunks(
+    schema: SchemaRef,
+    group_by: &[String],
+    aggregates: &[Aggregate],
+    input: BatchIter,
+    mem: &WorkMemory,
+) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+    let bundle = Primitive::AggGrpSort {
+        group_by: group_by.to_vec(),
+        aggregates: aggregates.to_vec(),
+    };
+    let combine = Primitive::AggGrpSort {
+        group_by: group_by.to_vec(),
+        aggregates: aggregates
+            .iter()
+            .map(|a| Aggregate {
+                func: match a.func {
+                    AggFunc::Count | AggFunc::Sum => AggFunc::Sum,
+                    f => f,
+                },
+                arg: Value::col(&a.name),
+                name: a.name.clone(),
+            })
+            .collect(),
+    };
+    let chunk_bytes = (mem.budget / CHUNKS_PER_BUDGET).max(1);
+    let mut partial: Option<(SchemaRef, Vec<RecordBatch>)> = None;
+    let mut chunk = Vec::new();
+    let mut bytes = 0;
+    let mut input = input.peekable();
+    while let Some(b) = input.next() {
+        let b = b?;
+        bytes += data_bytes(&b);
+        chunk.push(b);
+        if bytes < chunk_bytes && input.peek().is_some() {
+            continue;
+        }
+        let (ps, rows) = super::run(&bundle, schema.clone(), std::mem::take(&mut chunk)).await?;
+        bytes = 0;
+        let rows = match partial.take() {
+            None => rows,
+            Some((_, mut before)) => {
+                before.extend(rows);
+                let (_, again) = super::run(&combine, ps.clone(), before).await?;
+                again
+                    .iter()
+                    .map(|b| retype(b, &ps))
+                    .collect::<Result<Vec<_>>>()?
+            }
+        };
+        let held: usize = rows.iter().map(data_bytes).sum();
+        if held > mem.budget / 2 {
+            return Err(Error::Invalid(format!(
+                "the groups of an AggGrpSort outgrow the node's working memory \
+                 ({held} bytes of partial aggregates, budget {})",
+                mem.budget
+            )));
+        }
+        partial = Some((ps, rows));
+    }
+    match partial {
+        Some(p) => Ok(p),
+        // No rows at all: the in-memory bundle's answer to none.
+        None => super::run(&bundle, schema, Vec::new()).await,
+    }
+}
+
+/// `b`'s columns cast to `to`'s types (a sum of sums comes back wider than
+/// the sum it combines).
+fn retype(b: &RecordBatch, to: &SchemaRef) -> Result<RecordBatch> {
+    let cols = b
+        .columns()
+        .iter()
+        .zip(to.fields())
+        .map(|(c, f)| Ok(arrow::compute::cast(c, f.data_type())?))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(RecordBatch::try_new(to.clone(), cols)?)
+}
+
+/// Scan and AggGrpSort: DataFusion's plan of the primitive over a
+/// streaming source, under a memory pool of the budget.
+async fn through_datafusion(
+    primitive: &Primitive,
+    schema: SchemaRef,
+    input: BatchIter,
+    mem: &WorkMemory,
+) -> Result<(SchemaRef, BatchStream)> {
+    std::fs::create_dir_all(&mem.spill_dir).map_err(|e| Error::io(&mem.spill_dir, e))?;
+    let pool = mem.budget.max(MIN_POOL);
+    let runtime = RuntimeEnvBuilder::new()
+        .with_memory_pool(Arc::new(FairSpillPool::new(pool)))
+        .with_temp_file_path(&mem.spill_dir)
+        .build_arc()?;
+    // A sort keeps this much back for merging what it spilled (10 MB by
+    // default, more than a small pool holds).
+    let config = super::config().set_usize(
+        "datafusion.execution.sort_spill_reservation_bytes",
+        pool / 4,
+    );
+    let ctx = SessionContext::new_with_config_rt(config, runtime);
+    let source = OneShot {
+        schema: schema.clone(),
+        input: parking_lot::Mutex::new(Some(input)),
+    };
+    let table = StreamingTable::try_new(schema.clone(), vec![Arc::new(source)])?;
+    let df = super::apply(primitive, ctx.read_table(Arc::new(table))?, &schema)?;
+    let out_schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
+    let stream = df.execute_stream().await?;
+    Ok((out_schema, stream.map(|r| r.map_err(Error::from)).boxed()))
+}
+
+/// A streaming source that hands DataFusion the input once.
+struct OneShot {
+    schema: SchemaRef,
+    input: parking_lot::Mutex<Option<BatchIter>>,
+}
+
+impl std::fmt::Debug for OneShot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OneShot").finish_non_exhaustive()
+    }
+}
+
+impl PartitionStream for OneShot {
+    fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
+        let stream = match self.input.lock().take() {
+            Some(input) => futures::stream::iter(
+                input.map(|r| r.map_err(|e| DataFusionError::External(Box::new(e)))),
+            )
+            .boxed(),
+            None => futures::stream::once(async {
+                Err(DataFusionError::Internal(
+                    "a primitive's input was read twice".into(),
+                ))
+            })
+            .boxed(),
+        };
+        Box::pin(RecordBatchStreamAdapter::new(self.schema.clone(), stream))
+    }
+}
+
+/// The Sort primitive as an external merge sort (see the module docs).
+async fn sort(
+    schema: SchemaRef,
+    keys: &[SortKey],
+    input: BatchIter,
+    mem: &WorkMemory,
+) -> Result<(SchemaRef, Output)> {
+    let order = Order::new(&schema, keys)?;
+    let chunk_sort = Primitive::Sort {
+        keys: keys.to_vec(),
+    };
+    let chunk_bytes = (mem.budget / CHUNKS_PER_BUDGET).max(1);
+    let mut runs = Vec::new();
+    let (mut rows, mut total) = (0u64, 0u64);
+    let mut chunk = Vec::new();
+    let mut bytes = 0;
+    for b in input {
+        let b = b?;
+        if b.num_rows() == 0 {
+            continue;
+        }
+        bytes += data_bytes(&b);
+        rows += b.num_rows() as u64;
+        chunk.push(b);
+        if bytes >= chunk_bytes {
+            let (_, sorted) =
+                super::run(&chunk_sort, schema.clone(), std::mem::take(&mut chunk)).await?;
+            runs.push(Run::write(
+                &mem.spill_dir,
+                &schema,
+                sorted.into_iter().map(Ok),
+            )?);
+            total += bytes as u64;
+            bytes = 0;
+        }
+    }
+    let last = if chunk.is_empty() {
+        Vec::new()
+    } else {
+        super::run(&chunk_sort, schema.clone(), chunk).await?.1
+    };
+    if runs.is_empty() {
+        // It fit one chunk: nothing was spilled.
+        return Ok((
+            schema,
+            Output::Stream(futures::stream::iter(last.into_iter().map(Ok)).boxed()),
+        ));
+    }
+    total += bytes as u64;
+    if !last.is_empty() {
+        runs.push(Run::write(
+            &mem.spill_dir,
+            &schema,
+            last.into_iter().map(Ok),
+        )?);
+    }
+    let runs = fewer_runs(&schema, &order, runs, mem)?;
+    let spilled = Spilled {
+        schema: schema.clone(),
+        runs,
+        order: Some(order),
+        rows,
+        bytes: total,
+    };
+    Ok((schema, Output::Spilled(spilled)))
+}
+
+/// Merges groups of `runs` into longer runs while there are more than the
+/// budget holds a batch of each, so that one merge reads them all.
+fn fewer_runs(
+    schema: &SchemaRef,
+    order: &Order,
+    runs: Vec<Run>,
+    mem: &WorkMemory,
+) -> Result<Vec<Arc<Run>>> {
+    let widest = runs.iter().map(|r| r.widest).max().unwrap_or(1).max(1);
+    let fan_in = (mem.budget / 2 / widest).clamp(2, MAX_FAN_IN);
+    let mut runs: Vec<Arc<Run>> = runs.into_iter().map(Arc::new).collect();
+    while runs.len() > fan_in {
+        let mut longer = Vec::with_capacity(runs.len().div_ceil(fan_in));
+        let mut rest = runs.into_iter().peekable();
+        while rest.peek().is_some() {
+            let group: Vec<Arc<Run>> = rest.by_ref().take(fan_in).collect();
+            if group.len() == 1 {
+                longer.extend(group);
+                continue;
+            }
+            let merged = Merge::new(schema.clone(), order.clone(), group)?;
+            longer.push(Arc::new(Run::write(&mem.spill_dir, schema, merged)?));
+        }
+        runs = longer;
+    }
+    Ok(runs)
+}
+
+/// The sort keys as arrow's row format orders them: the key columns'
+/// indices and a converter of their values to comparable rows.
+#[derive(Debug, Clone)]
+struct Order {
+    columns: Vec<usize>,
+    fields: Vec<SortField>,
+}
+
+impl Order {
+    fn new(schema: &SchemaRef, keys: &[SortKey]) -> Result<Order> {
+        let mut columns = Vec::with_capacity(keys.len());
+        let mut fields = Vec::with_capacity(keys.len());
+        for k in keys {
+            let i = schema
+                .index_of(&k.column)
+                .map_err(|_| Error::Plan(format!("unknown column {:?}", k.column)))?;
+            columns.push(i);
+            // As the Sort primitive orders: nulls last either way.
+            fields.push(SortField::new_with_options(
+                schema.field(i).data_type().clone(),
+                SortOptions {
+                    descending: k.descending,
+                    nulls_first: false,
+                },
+            ));
+        }
+        Ok(Order { columns, fields })
+    }
+
+    fn converter(&self) -> Result<RowConverter> {
+        Ok(RowConverter::new(self.fields.clone())?)
+    }
+
+    fn rows(&self, converter: &RowConverter, b: &RecordBatch) -> Result<Rows> {
+        let cols: Vec<_> = self.columns.iter().map(|&i| b.column(i).clone()).collect();
+        Ok(converter.convert_columns(&cols)?)
+    }
+}
+
+/// Numbers spill files apart within the process.
+static SPILLS: AtomicU64 = AtomicU64::new(0);
+
+/// A sorted run spilled to a file, removed when dropped.
+#[derive(Debug)]
+struct Run {
+    path: PathBuf,
+    /// Bytes of its largest batch.
+    widest: usize,
+}
+
+impl Run {
+    /// Writes `batches` (of `schema`) as a run in `dir`.
+    fn write(
+        dir: &Path,
+        schema: &SchemaRef,
+        batches: impl IntoIterator<Item = Result<RecordBatch>>,
+    ) -> Result<Run> {
+        let mut w = RunWriter::create(dir, schema)?;
+        for b in batches {
+            w.write(&b?)?;
+        }
+        w.finish()
+    }
+}
+
+/// A run being written, batch by batch.
+#[allow(missing_debug_implementations)] // arrow's writer has no Debug
+pub struct RunWriter {
+    run: Run,
+    schema: SchemaRef,
+    writer: StreamWriter<BufWriter<File>>,
+    rows: u64,
+    bytes: u64,
+}
+
+impl RunWriter {
+    /// Starts a run of `schema` in `dir` (created if missing).
+    pub fn create(dir: &Path, schema: &SchemaRef) -> Result<RunWriter> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let n = SPILLS.fetch_add(1, Ordering::Relaxed);
+        let run = Run {
+            path: dir.join(format!("run-{}-{n}.arrows", std::process::id())),
+            widest: 0,
+        };
+        let file = File::create(&run.path).map_err(|e| Error::io(&run.path, e))?;
+        let writer = StreamWriter::try_new(BufWriter::with_capacity(1 << 20, file), schema)?;
+        Ok(RunWriter {
+            run,
+            schema: schema.clone(),
+            writer,
+            rows: 0,
+            bytes: 0,
+        })
+    }
+
+    /// Appends a batch.
+    pub fn write(&mut self, b: &RecordBatch) -> Result<()> {
+        let bytes = data_bytes(b);
+        self.run.widest = self.run.widest.max(bytes);
+        self.rows += b.num_rows() as u64;
+        self.bytes += bytes as u64;
+        Ok(self.writer.write(b)?)
+    }
+
+    fn finish(mut self) -> Result<Run> {
+        self.writer.finish()?;
+        self.writer
+            .get_mut()
+            .flush()
+            .map_err(|e| Error::io(&self.run.path, e))?;
+        Ok(self.run)
+    }
+
+    /// Ends the run: the output it holds, read back as written.
+    pub fn into_spilled(self) -> Result<Spilled> {
+        let schema = self.schema.clone();
+        let (rows, bytes) = (self.rows, self.bytes);
+        let run = self.finish()?;
+        Ok(Spilled {
+            schema,
+            runs: vec![Arc::new(run)],
+            order: None,
+            rows,
+            bytes,
+        })
+    }
+}
+
+/// A primitive's output held on the node's device as spilled runs
+/// instead of a table object: a Sort's sorted runs, merged as they are
+/// read ([`Spilled::blocks`]), or one run of a stream. An output larger
+/// than the node's memory that the query does not materialise is kept
+/// this way: written once, in the form the next primitive reads, and
+/// removed with the last reader.
+pub struct Spilled {
+    schema: SchemaRef,
+    runs: Vec<Arc<Run>>,
+    /// The runs' sort order: they are merged when read.
+    order: Option<Order>,
+    rows: u64,
+    bytes: u64,
+}
+
+impl std::fmt::Debug for Spilled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Spilled")
+            .field("runs", &self.runs.len())
+            .field("rows", &self.rows)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Spilled {
+    /// The output's schema.
+    pub fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    /// Its rows.
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// Bytes of its rows' data (as they would be in memory).
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Its row blocks, in order (a merge of sorted runs).
+    pub fn blocks(&self) -> Result<BatchIter> {
+        if let Some(order) = &self.order
+            && self.runs.len() > 1
+        {
+            return Ok(Box::new(Merge::new(
+                self.schema.clone(),
+                order.clone(),
+                self.runs.clone(),
+            )?));
+        }
+        let runs = self.runs.clone();
+        Ok(Box::new(
+            runs.into_iter()
+                .map(|r| read_run(&r).map(|it| (r, it)))
+                .flat_map(|opened| -> BatchIter {
+                    match opened {
+                        // The run stays while its reader lives.
+                        Ok((run, reader)) => Box::new(reader.map(move |b| {
+                            let _keep = &run;
+                            b.map_err(|e| Error::object(&run.path, format!("spilled run: {e}")))
+                        })),
+                        Err(e) => Box::new(std::iter::once(Err(e))),
+                    }
+                }),
+        ))
+    }
+}
+
+/// A reader of a run's batches.
+fn read_run(run: &Run) -> Result<StreamReader<BufReader<File>>> {
+    let file = File::open(&run.path).map_err(|e| Error::io(&run.path, e))?;
+    Ok(StreamReader::try_new(
+        BufReader::with_capacity(1 << 20, file),
+        None,
+    )?)
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// One run being merged: its current batch and where in it.
+struct Cursor {
+    reader: StreamReader<BufReader<File>>,
+    batch: RecordBatch,
+    rows: Rows,
+    pos: usize,
+    run: Arc<Run>,
+}
+
+impl Cursor {
+    /// A cursor at the run's first row; `None` for an empty run.
+    fn open(run: Arc<Run>, order: &Order, converter: &RowConverter) -> Result<Option<Cursor>> {
+        let reader = read_run(&run)?;
+        let mut c = Cursor {
+            reader,
+            batch: RecordBatch::new_empty(Arc::new(arrow::datatypes::Schema::empty())),
+            rows: converter.empty_rows(0, 0),
+            pos: 0,
+            run,
+        };
+        Ok(c.next_batch(order, converter)?.then_some(c))
+    }
+
+    /// Moves to the run's next non-empty batch; false at its end.
+    fn next_batch(&mut self, order: &Order, converter: &RowConverter) -> Result<bool> {
+        for b in self.reader.by_ref() {
+            let b = b.map_err(|e| Error::object(&self.run.path, format!("spilled run: {e}")))?;
+            if b.num_rows() == 0 {
+                continue;
+            }
+            self.rows = order.rows(converter, &b)?;
+            self.batch = b;
+            self.pos = 0;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+}
+
+/// A stable k-way merge of sorted runs (see the module docs); yields
+/// batches of at most [`BATCH_ROWS`] rows.
+struct Merge {
+    schema: SchemaRef,
+    order: Order,
+    converter: RowConverter,
+    /// One per run, in input order (ties go to the earlier run); `None`
+    /// once a run is exhausted.
+    cursors: Vec<Option<Cursor>>,
+    pending: Vec<RecordBatch>,
+    pending_rows: usize,
+    failed: bool,
+}
+
+impl Merge {
+    fn new(schema: SchemaRef, order: Order, runs: Vec<Arc<Run>>) -> Result<Merge> {
+        let converter = order.converter()?;
+        let cursors = runs
+            .into_iter()
+            .map(|r| Cursor::open(r, &order, &converter))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Merge {
+            schema,
+            order,
+            converter,
+            cursors,
+            pending: Vec::new(),
+            pending_rows: 0,
+            failed: false,
+        })
+    }
+
+    /// The run whose head sorts first and the one whose head sorts next
+    /// (ties: the earlier run first).
+    fn leaders(&self) -> (Option<usize>, Option<usize>) {
+        let head = |i: usize| {
+            let c = self.cursors[i].as_ref().expect("live cursor");
+            c.rows.row(c.pos)
+        };
+        let (mut first, mut second): (Option<usize>, Option<usize>) = (None, None);
+        for i in (0..self.cursors.len()).filter(|&i| self.cursors[i].is_some()) {
+            match first {
+                None => first = Some(i),
+                Some(f) if head(i) < head(f) => {
+                    second = first;
+                    first = Some(i);
+                }
+                Some(_) => {
+                    if second.is_none_or(|s| head(i) < head(s)) {
+                        second = Some(i);
+                    }
+                }
+            }
+        }
+        (first, second)
+    }
+
+    /// Where the stretch of run `f` that sorts before run `s`'s head ends
+    /// (galloping from the current row, which is in it).
+    fn stretch_end(&self, f: usize, s: Option<usize>) -> usize {
+        let c = self.cursors[f].as_ref().expect("live cursor");
+        let n = c.batch.num_rows();
+        let Some(s) = s else { return n };
+        let o = self.cursors[s].as_ref().expect("live cursor");
+        let bound = o.rows.row(o.pos);
+        // An equal row of an earlier run goes first.
+        let before = |k: usize| {
+            let r = c.rows.row(k);
+            if f < s { r <= bound } else { r < bound }
+        };
+        let (mut lo, mut step) = (c.pos + 1, 1);
+        let mut hi = n;
+        while lo < n {
+            let probe = (lo + step - 1).min(n - 1);
+            if before(probe) {
+                lo = probe + 1;
+                step *= 2;
+            } else {
+                hi = probe;
+                break;
+            }
+        }
+        // Rows before `lo` go; the first that does not is in `lo ..= hi`.
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if before(mid) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
+    }
+
+    fn flush(&mut self) -> Result<Option<RecordBatch>> {
+        let parts = std::mem::take(&mut self.pending);
+        self.pending_rows = 0;
+        Ok(match parts.len() {
+            0 => None,
+            1 => parts.into_iter().next(),
+            _ => Some(concat_batches(&self.schema, &parts)?),
+        })
+    }
+
+    fn next_batch(&mut self) -> Result<Option<RecordBatch>> {
+        loop {
+            let (first, second) = self.leaders();
+            let Some(f) = first else {
+                return self.flush();
+            };
+            let end = self.stretch_end(f, second);
+            let c = self.cursors[f].as_mut().expect("live cursor");
+            let take = (end - c.pos).min(BATCH_ROWS - self.pending_rows);
+            self.pending.push(c.batch.slice(c.pos, take));
+            self.pending_rows += take;
+            c.pos += take;
+            if c.pos == c.batch.num_rows() && !c.next_batch(&self.order, &self.converter)? {
+                self.cursors[f] = None;
+            }
+            if self.pending_rows >= BATCH_ROWS {
+                return self.flush();
+            }
+        }
+    }
+}
+
+impl Iterator for Merge {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Result<RecordBatch>> {
+        if self.failed {
+            return None;
+        }
+        let r = self.next_batch();
+        self.failed = r.is_err();
+        r.transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{Cmp, Predicate};
+    use arrow::array::{Array, AsArray, Decimal64Array, DictionaryArray, Int64Array, StringArray};
+    use arrow::datatypes::{DataType, Field, Int8Type, Schema};
+    use proptest::prelude::*;
+
+    /// Q1's shape: two one-letter dictionary keys, each batch with its own
+    /// dictionary order, a decimal and the row's position.
+    fn q1_like(batches: usize, rows: usize) -> (SchemaRef, Vec<RecordBatch>) {
+        let dict = DataType::Dictionary(Box::new(DataType::Int8), Box::new(DataType::Utf8));
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("flag", dict.clone(), false),
+            Field::new("status", dict, false),
+            Field::new("price", DataType::Decimal64(15, 2), false),
+            Field::new("pos", DataType::Int64, false),
+        ]));
+        let mut seed = 7u64;
+        let mut next = move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            seed >> 33
+        };
+        let out = (0..batches)
+            .map(|b| {
+                let flags = if b % 2 == 0 {
+                    ["A", "N", "R"]
+                } else {
+                    ["R", "A", "N"]
+                };
+                let fk: Vec<i8> = (0..rows).map(|_| (next() % 3) as i8).collect();
+                let sk: Vec<i8> = (0..rows).map(|_| (next() % 2) as i8).collect();
+                let price =
+                    Decimal64Array::from_iter_values((0..rows).map(|_| (next() % 100_000) as i64))
+                        .with_precision_and_scale(15, 2)
+                        .unwrap();
+                RecordBatch::try_new(
+                    schema.clone(),
+                    vec![
+                        Arc::new(
+                            DictionaryArray::<Int8Type>::try_new(
+                                fk.into(),
+                                Arc::new(StringArray::from(flags.to_vec())),
+                            )
+                            .unwrap(),
+                        ),
+                        Arc::new(
+                            DictionaryArray::<Int8Type>::try_new(
+                                sk.into(),
+                                Arc::new(StringArray::from(vec!["F", "O"])),
+                            )
+                            .unwrap(),
+                        ),
+                        Arc::new(price),
+                        Arc::new(Int64Array::from_iter_values(
+                            (0..rows).map(|i| (b * rows + i) as i64),
+                        )),
+                    ],
+                )
+                .unwrap()
+            })
+            .collect();
+        (schema, out)
+    }
+
+    fn input(batches: Vec<RecordBatch>) -> BatchIter {
+        Box::new(batches.into_iter().map(Ok))
+    }
+
+    fn mem(dir: &Path, budget: usize) -> WorkMemory {
+        WorkMemory {
+            budget,
+            spill_dir: dir.join(".spill"),
+        }
+    }
+
+    async fn drain(s: BatchStream) -> Result<Vec<RecordBatch>> {
+        s.collect::<Vec<_>>().await.into_iter().collect()
+    }
+
+    fn left_in(dir: &Path) -> usize {
+        std::fs::read_dir(dir.join(".spill")).map_or(0, |d| d.count())
+    }
+
+    /// The rows as (flag, status, pos) strings, in order.
+    fn keyed_rows(batches: &[RecordBatch]) -> Vec<(String, String, i64)> {
+        let mut out = Vec::new();
+        for b in batches {
+            let s = |i: usize| arrow::compute::cast(b.column(i), &DataType::Utf8).unwrap();
+            let (f, st) = (s(0), s(1));
+            let pos = b.column(3).as_primitive::<arrow::datatypes::Int64Type>();
+            for r in 0..b.num_rows() {
+                out.push((
+                    f.as_string::<i32>().value(r).to_string(),
+                    st.as_string::<i32>().value(r).to_string(),
+                    pos.value(r),
+                ));
+            }
+        }
+        out
+    }
+
+    fn sort_keys() -> Vec<SortKey> {
+        vec![SortKey::asc("flag"), SortKey::asc("status")]
+    }
+
+    #[tokio::test]
+    async fn an_external_sort_spills_runs_and_returns_exactly_the_in_memory_sort() {
+        let (schema, batches) = q1_like(24, 3000);
+        let sort = Primitive::Sort { keys: sort_keys() };
+        let (_, want) = crate::ops::run(&sort, schema.clone(), batches.clone())
+            .await
+            .unwrap();
+        let d = tempfile::tempdir().unwrap();
+        // Budgets from a few batches (many runs, merged in levels) to all.
+        for budget in [40_000, 200_000, 1 << 20, 64 << 20] {
+            let m = mem(d.path(), budget);
+            let (s, out) = run(&sort, schema.clone(), input(batches.clone()), &m)
+                .await
+                .unwrap();
+            assert_eq!(s, schema);
+            let got = drain(out.into_stream().unwrap()).await.unwrap();
+            // Both sorts are stable: the same rows in the same order.
+            assert_eq!(keyed_rows(&got), keyed_rows(&want), "budget {budget}");
+            assert!(got.iter().all(|b| b.num_rows() <= BATCH_ROWS));
+            assert_eq!(left_in(d.path()), 0, "spill files left at budget {budget}");
+        }
+    }
+
+    #[tokio::test]
+    async fn scan_and_the_bundle_streamed_equal_their_in_memory_answers() {
+        let (schema, batches) = q1_like(12, 2000);
+        let scan = Primitive::Scan {
+            filter: vec![Predicate {
+                left: Value::col("price"),
+                cmp: Cmp::Le,
+                right: Value::Decimal("700.00".into()),
+            }],
+            columns: Some(vec!["status".into(), "flag".into(), "price".into()]),
+        };
+        let bundle = Primitive::AggGrpSort {
+            group_by: vec!["flag".into(), "status".into()],
+            aggregates: vec![
+                Aggregate {
+                    func: AggFunc::Sum,
+                    arg: Value::col("price"),
+                    name: "sum_price".into(),
+                },
+                Aggregate {
+                    func: AggFunc::Avg,
+                    arg: Value::col("price"),
+                    name: "avg_price".into(),
+                },
+                Aggregate {
+                    func: AggFunc::Count,
+                    arg: Value::col("price"),
+                    name: "n".into(),
+                },
+            ],
+        };
+        // Sums, counts, minima and maxima combine chunk by chunk.
+        let combined = Primitive::AggGrpSort {
+            group_by: vec!["status".into(), "flag".into()],
+            aggregates: [AggFunc::Sum, AggFunc::Count, AggFunc::Min, AggFunc::Max]
+                .into_iter()
+                .enumerate()
+                .map(|(i, func)| Aggregate {
+                    func,
+                    arg: Value::col("price"),
+                    name: format!("a{i}"),
+                })
+                .collect(),
+        };
+        let d = tempfile::tempdir().unwrap();
+        for p in [scan, bundle, combined] {
+            let (ws, want) = crate::ops::run(&p, schema.clone(), batches.clone())
+                .await
+                .unwrap();
+            let (gs, out) = run(
+                &p,
+                schema.clone(),
+                input(batches.clone()),
+                &mem(d.path(), 50_000),
+            )
+            .await
+            .unwrap();
+            let got = drain(out.into_stream().unwrap()).await.unwrap();
+            assert_eq!(gs.fields(), ws.fields(), "{p:?}");
+            let want = concat_batches(&ws, &want).unwrap();
+            let got = concat_batches(&gs, &got).unwrap();
+            assert!(want.num_rows() > 0);
+            assert_eq!(got, want, "{p:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn an_input_that_fails_midway_fails_the_sort_and_leaves_no_spill_files() {
+        let (schema, batches) = q1_like(10, 3000);
+        let mut blocks: Vec<Result<RecordBatch>> = batches.into_iter().map(Ok).collect();
+        blocks.insert(8, Err(Error::Invalid("the device went away".into())));
+        let d = tempfile::tempdir().unwrap();
+        let sort = Primitive::Sort { keys: sort_keys() };
+        let e = match run(
+            &sort,
+            schema,
+            Box::new(blocks.into_iter()),
+            &mem(d.path(), 40_000),
+        )
+        .await
+        {
+            Err(e) => e,
+            Ok(_) => panic!("the failed input was not reported"),
+        };
+        assert!(e.to_string().contains("the device went away"), "{e}");
+        assert_eq!(left_in(d.path()), 0);
+    }
+
+    #[tokio::test]
+    async fn a_scan_whose_input_fails_midway_ends_its_output_with_the_error() {
+        let (schema, batches) = q1_like(4, 100);
+        let mut blocks: Vec<Result<RecordBatch>> = batches.into_iter().map(Ok).collect();
+        blocks.push(Err(Error::Invalid("segment 3 fails its checksum".into())));
+        let d = tempfile::tempdir().unwrap();
+        let scan = Primitive::Scan {
+            filter: vec![],
+            columns: None,
+        };
+        let (_, out) = run(
+            &scan,
+            schema,
+            Box::new(blocks.into_iter()),
+            &mem(d.path(), 1000),
+        )
+        .await
+        .unwrap();
+        let e = drain(out.into_stream().unwrap()).await.unwrap_err();
+        assert!(e.to_string().contains("fails its checksum"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn groups_that_outgrow_the_memory_are_refused_not_answered() {
+        // Every row its own group: the partial rows grow with the input.
+        let (schema, batches) = q1_like(8, 3000);
+        let bundle = Primitive::AggGrpSort {
+            group_by: vec!["pos".into()],
+            aggregates: vec![Aggregate {
+                func: AggFunc::Sum,
+                arg: Value::col("price"),
+                name: "s".into(),
+            }],
+        };
+        let d = tempfile::tempdir().unwrap();
+        let e = match run(&bundle, schema, input(batches), &mem(d.path(), 100_000)).await {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("the groups did not fit and were not refused"),
+        };
+        assert!(e.contains("outgrow the node's working memory"), "{e}");
+    }
+
+    fn int_keyed(keys: &[(i64, bool)], per_batch: usize) -> (SchemaRef, Vec<RecordBatch>) {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, true),
+            Field::new("pos", DataType::Int64, false),
+        ]));
+        let batches = keys
+            .chunks(per_batch.max(1))
+            .enumerate()
+            .map(|(c, ks)| {
+                RecordBatch::try_new(
+                    schema.clone(),
+                    vec![
+                        Arc::new(Int64Array::from(
+                            ks.iter()
+                                .map(|&(k, null)| (!null).then_some(k))
+                                .collect::<Vec<_>>(),
+                        )),
+                        Arc::new(Int64Array::from_iter_values(
+                            (0..ks.len()).map(|i| (c * per_batch + i) as i64),
+                        )),
+                    ],
+                )
+                .unwrap()
+            })
+            .collect();
+        (schema, batches)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        /// Any keys (duplicates, nulls), either direction, any budget: the
+        /// external sort's output is the input's rows, ordered as the Sort
+        /// primitive orders (nulls last).
+        #[test]
+        fn an_external_sort_of_any_keys_is_an_ordered_permutation(
+            keys in proptest::collection::vec((-20i64..20, proptest::bool::weighted(0.1)), 0..700),
+            per_batch in 1usize..90,
+            budget in 64usize..8000,
+            descending in any::<bool>(),
+        ) {
+            let (schema, batches) = int_keyed(&keys, per_batch);
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let d = tempfile::tempdir().unwrap();
+            let sort = Primitive::Sort { keys: vec![SortKey { column: "k".into(), descending }] };
+            let got = rt.block_on(async {
+                let (_, out) = run(&sort, schema.clone(), input(batches), &mem(d.path(), budget)).await?;
+                drain(out.into_stream().unwrap()).await
+            }).unwrap();
+            let mut rows = Vec::new();
+            for b in &got {
+                let k = b.column(0).as_primitive::<arrow::datatypes::Int64Type>();
+                let p = b.column(1).as_primitive::<arrow::datatypes::Int64Type>();
+                for r in 0..b.num_rows() {
+                    rows.push(((!k.is_null(r)).then(|| k.value(r)), p.value(r)));
+                }
+            }
+            let mut positions: Vec<i64> = rows.iter().map(|r| r.1).collect();
+            positions.sort_unstable();
+            prop_assert_eq!(positions, (0..keys.len() as i64).collect::<Vec<_>>());
+            for (r, &(p_key, p_pos)) in rows.iter().zip(rows.iter().skip(1)) {
+                let _ = p_pos;
+                let in_order = match (r.0, p_key) {
+                    (None, Some(_)) => false,
+                    (_, None) => true,
+                    (Some(a), Some(b)) => if descending { a >= b } else { a <= b },
+                };
+                prop_assert!(in_order, "{:?} before {:?}", r.0, p_key);
+            }
+            for (&(k, null), row_at) in keys.iter().zip(0..) {
+                let _ = row_at;
+                let found = rows.iter().find(|r| r.1 == row_at as i64).unwrap();
+                prop_assert_eq!(found.0, (!null).then_some(k));
+            }
+            prop_assert_eq!(left_in(d.path()), 0);
+        }
+    }
+}
