@@ -120,13 +120,15 @@ impl Node {
 
     /// Runs `fragment` over `inputs` within the node's memory and writes
     /// its output to the device as it comes (see the module docs).
+    /// `started` is when opening the inputs began (their checksum pass is
+    /// I/O time, the rest since then compute).
     pub(super) async fn run_bounded(
         &self,
         fragment: &Fragment,
         inputs: Streamed,
+        started: Instant,
         mut stats: Stats,
     ) -> Result<Stats> {
-        let started = Instant::now();
         let mem = WorkMemory {
             budget: self.inner.lock().budget,
             spill_dir: self.dir.join(SPILL_DIR),

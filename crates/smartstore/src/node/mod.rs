@@ -396,8 +396,9 @@ impl Node {
             self.inner.lock().held.retain(|h| h.0 != fragment.output);
         }
         let needed = fragment.primitive.input_columns();
+        let started = Instant::now();
         if let Some(inputs) = self.streamed_inputs(fragment, needed.as_deref(), &mut stats)? {
-            return self.run_bounded(fragment, inputs, stats).await;
+            return self.run_bounded(fragment, inputs, started, stats).await;
         }
         let (schema, mut batches) =
             self.load_table(&fragment.input, needed.as_deref(), &mut stats)?;
