@@ -109,14 +109,15 @@ impl RowBlocks {
         let (out_schema, idx) = projection(path, &schema, segs.len(), columns)?;
         let columns: Vec<Column> = idx
             .iter()
-            .map(|&i| Column {
+            .enumerate()
+            .map(|(pos, &i)| Column {
                 index: i + 1,
                 seg: segs[i + 1],
                 read: 0,
                 crc: 0,
                 decoder: StreamDecoder::new(),
                 pending: Buffer::from_vec(Vec::<u8>::new()),
-                want: out_schema.field(columns_pos(&idx, i)).clone().into(),
+                want: out_schema.field(pos).clone().into(),
             })
             .collect();
         let bytes = columns.iter().map(|c| c.seg.len).sum();
@@ -273,11 +274,6 @@ fn segment_damaged(path: &Path, index: usize) -> Error {
 /// Where an object file's payload starts.
 fn object_payload_at() -> u64 {
     crate::object::HEADER_LEN as u64
-}
-
-/// Position of column `i` of the table in the projection `idx`.
-fn columns_pos(idx: &[usize], i: usize) -> usize {
-    idx.iter().position(|&x| x == i).expect("from idx")
 }
 
 /// Reads `len` bytes at `at` into a fresh aligned buffer, charging `cost`.

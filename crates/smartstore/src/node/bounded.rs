@@ -141,13 +141,7 @@ impl Node {
             // the next primitive merges them as it reads.
             Output::Spilled(runs) if !fragment.materialize => {
                 stats.rows_out = runs.rows();
-                self.inner.lock().put(
-                    &fragment.output,
-                    Held {
-                        spilled: Some(Arc::new(runs)),
-                        ..Held::default()
-                    },
-                );
+                self.hold_spilled(&fragment.output, runs)?;
             }
             out => {
                 let out = out.into_stream()?;
@@ -170,6 +164,20 @@ impl Node {
 }
 
 impl Node {
+    /// Keeps output `name` as its spilled runs. Like a memory-only
+    /// object, it replaces any older file of that name on the device.
+    fn hold_spilled(&self, name: &str, runs: Spilled) -> Result<()> {
+        let _ = std::fs::remove_file(self.path(name)?);
+        self.inner.lock().put(
+            name,
+            Held {
+                spilled: Some(Arc::new(runs)),
+                ..Held::default()
+            },
+        );
+        Ok(())
+    }
+
     /// Stores a primitive's output stream as `fragment.output`: in memory
     /// while it is under half the budget (an aggregate's groups), past that
     /// written as it comes, as a table object when the query materialises
@@ -233,14 +241,7 @@ impl Node {
             Some(Sink::Run(w)) => {
                 let runs = w.into_spilled()?;
                 writing += t.elapsed();
-                let _ = std::fs::remove_file(self.path(&fragment.output)?);
-                self.inner.lock().put(
-                    &fragment.output,
-                    Held {
-                        spilled: Some(Arc::new(runs)),
-                        ..Held::default()
-                    },
-                );
+                self.hold_spilled(&fragment.output, runs)?;
             }
         }
         Ok(writing)
