@@ -153,6 +153,27 @@ where
     Arc::new(PrimitiveArray::<N>::new(values, a.nulls().cloned()))
 }
 
+/// The smallest and largest of `a`'s valid values; `None` when it has
+/// none. One pass over the values when there are no nulls.
+fn range_of<P>(a: &PrimitiveArray<P>) -> Option<(i64, i64)>
+where
+    P: ArrowPrimitiveType,
+    P::Native: Into<i64> + arrow::datatypes::ArrowNativeTypeOp,
+{
+    if a.null_count() > 0 {
+        let (lo, hi) = (arrow::compute::min(a)?, arrow::compute::max(a)?);
+        return Some((lo.into(), hi.into()));
+    }
+    let values = a.values();
+    if values.is_empty() {
+        return None;
+    }
+    Some(values.iter().fold((i64::MAX, i64::MIN), |(lo, hi), &v| {
+        let v: i64 = v.into();
+        (lo.min(v), hi.max(v))
+    }))
+}
+
 /// Narrows the blocks of one physical type `P`.
 fn narrow_blocks<P>(blocks: &[ArrayRef], width: usize) -> Option<(DataType, i64, Vec<ArrayRef>)>
 where
@@ -162,8 +183,7 @@ where
     let typed: Vec<&PrimitiveArray<P>> = blocks.iter().map(|b| b.as_primitive::<P>()).collect();
     let mut range: Option<(i64, i64)> = None;
     for b in &typed {
-        if let (Some(lo), Some(hi)) = (arrow::compute::min(*b), arrow::compute::max(*b)) {
-            let (lo, hi) = (lo.into(), hi.into());
+        if let Some((lo, hi)) = range_of(b) {
             range = Some(range.map_or((lo, hi), |(a, z)| (a.min(lo), z.max(hi))));
         }
     }

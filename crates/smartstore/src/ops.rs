@@ -84,7 +84,7 @@ pub async fn run(
         group_by,
         aggregates,
     } = primitive
-        && let Some(out) = aggregate_by_runs(&schema, &batches, group_by, aggregates).await?
+        && let Some(out) = aggregate_by_runs(&schema, &batches, group_by, aggregates, None).await?
     {
         return Ok(out);
     }
@@ -181,6 +181,49 @@ fn aggregate_exprs(aggregates: &[Aggregate], schema: &SchemaRef) -> Result<Vec<E
         .collect()
 }
 
+/// The schema of AggGrpSort's output over input `schema`: DataFusion's
+/// plan of it over no rows (about a millisecond of planning).
+pub(crate) fn agg_schema(
+    schema: &SchemaRef,
+    group_by: &[String],
+    aggregates: &[Aggregate],
+) -> Result<SchemaRef> {
+    let ctx = context();
+    Ok(Arc::new(
+        grouped(
+            frame(&ctx, schema.clone(), Vec::new())?,
+            group_by,
+            aggregates,
+            schema,
+        )?
+        .schema()
+        .as_arrow()
+        .clone(),
+    ))
+}
+
+/// AggGrpSort over `batches` whose output schema `want` was planned once
+/// ([`agg_schema`]): the bounded aggregation runs it over one chunk of its
+/// input after another, and planning each time cost more than
+/// aggregating a chunk of Q1. Answers as [`run`] does.
+pub(crate) async fn aggregate_planned(
+    primitive: &Primitive,
+    schema: SchemaRef,
+    batches: Vec<RecordBatch>,
+    want: &SchemaRef,
+) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+    if let Primitive::AggGrpSort {
+        group_by,
+        aggregates,
+    } = primitive
+        && let Some(out) =
+            aggregate_by_runs(&schema, &batches, group_by, aggregates, Some(want)).await?
+    {
+        return Ok(out);
+    }
+    run(primitive, schema, batches).await
+}
+
 /// The AggGrpSort bundle over input clustered by its group keys (Q1's
 /// Sort output): groups by runs ([`rungroup`]), lets DataFusion aggregate
 /// by the dense group id, then puts each group's key values back and sorts
@@ -191,6 +234,7 @@ async fn aggregate_by_runs(
     batches: &[RecordBatch],
     group_by: &[String],
     aggregates: &[Aggregate],
+    want: Option<&SchemaRef>,
 ) -> Result<Option<(SchemaRef, Vec<RecordBatch>)>> {
     let keys = group_by
         .iter()
@@ -202,19 +246,10 @@ async fn aggregate_by_runs(
     let Some(groups) = rungroup::group_ids(batches, &keys)? else {
         return Ok(None);
     };
-    let ctx = context();
-    // The schema the hash path would produce (planning only, no rows).
-    let want: SchemaRef = Arc::new(
-        grouped(
-            frame(&ctx, schema.clone(), Vec::new())?,
-            group_by,
-            aggregates,
-            schema,
-        )?
-        .schema()
-        .as_arrow()
-        .clone(),
-    );
+    let want = match want {
+        Some(w) => w.clone(),
+        None => agg_schema(schema, group_by, aggregates)?,
+    };
     let mut columns = groups.keys.clone();
     if let Some(sums) = exactsum::aggregate(
         schema,
@@ -248,6 +283,7 @@ async fn aggregate_by_runs(
             RecordBatch::try_new(with_ids.clone(), columns)
         })
         .collect::<std::result::Result<Vec<_>, _>>()?;
+    let ctx = context();
     let per_id = frame(&ctx, with_ids, tagged)?
         .aggregate(
             vec![col(ident(&id_name))],
@@ -649,7 +685,10 @@ mod tests {
             let (group_by, aggregates) = bundle();
             let keys = [0, 1];
             let clustered = rungroup::group_ids(&input, &keys).unwrap().is_some();
-            let by_runs = block_on(aggregate_by_runs(&keyed_schema(), &input, &group_by, &aggregates)).unwrap();
+            let by_runs = block_on(aggregate_by_runs(
+                &keyed_schema(), &input, &group_by, &aggregates, None,
+            ))
+            .unwrap();
             prop_assert_eq!(by_runs.is_some(), clustered);
             let want = block_on(hashed(input.clone()));
             if let Some((schema, got)) = by_runs {

@@ -30,7 +30,7 @@ use crate::batch::data_bytes;
 use crate::columnar::TableWriter;
 use crate::columnar::{ReadCost, RowBlocks};
 use crate::error::{Error, Result};
-use crate::ops::bounded::{self, BatchIter, BatchStream, Output, RunWriter, Spilled, WorkMemory};
+use crate::ops::bounded::{self, BatchIter, BatchStream, Output, Spilled, StreamSpill, WorkMemory};
 use crate::plan::Fragment;
 use crate::wire::Stats;
 
@@ -181,7 +181,7 @@ impl Node {
     /// Stores a primitive's output stream as `fragment.output`: in memory
     /// while it is under half the budget (an aggregate's groups), past that
     /// written as it comes, as a table object when the query materialises
-    /// it, else as one spilled run. Returns the time spent writing.
+    /// it, else as spilled runs ([`StreamSpill`]). Returns the time spent writing.
     async fn store_stream(
         &self,
         fragment: &Fragment,
@@ -207,7 +207,7 @@ impl Node {
                         let mut s = if fragment.materialize {
                             Sink::Object(self.table_writer(&fragment.output, schema)?)
                         } else {
-                            Sink::Run(Box::new(RunWriter::create(&mem.spill_dir, schema)?))
+                            Sink::Run(Box::new(StreamSpill::new(schema, mem)))
                         };
                         for k in kept.drain(..) {
                             s.write(&k)?;
@@ -251,7 +251,7 @@ impl Node {
 /// Where an output too large for memory goes.
 enum Sink {
     Object(TableWriter),
-    Run(Box<RunWriter>),
+    Run(Box<StreamSpill>),
 }
 
 impl Sink {

@@ -51,7 +51,7 @@ use arrow::compute::{SortOptions, concat_batches};
 use arrow::datatypes::SchemaRef;
 use arrow::ipc::reader::StreamReader;
 use arrow::ipc::writer::StreamWriter;
-use arrow::record_batch::RecordBatch;
+use arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use arrow::row::{RowConverter, Rows, SortField};
 use datafusion::catalog::streaming::StreamingTable;
 use datafusion::error::DataFusionError;
@@ -98,6 +98,12 @@ const MIN_POOL: usize = 4 << 20;
 
 /// Most runs merged at once, whatever the budget.
 const MAX_FAN_IN: usize = 1024;
+
+/// Rows in a sorted run's batches. A merge holds one batch of each run,
+/// so runs of smaller batches merge more at once (a quarter of
+/// [`BATCH_ROWS`]: at 64 MB a merge reads 230 runs of Q1's Scan output,
+/// the 60 a node cuts at scale factor 10 in one pass).
+const RUN_BATCH_ROWS: usize = BATCH_ROWS / 4;
 
 /// Runs `primitive` over `input` (row blocks of `schema`) within `mem`;
 /// returns the output's schema and the output: a stream, its input read
@@ -163,21 +169,25 @@ async fn aggregate_by_chunks(
         group_by: group_by.to_vec(),
         aggregates: aggregates.to_vec(),
     };
+    let combining: Vec<Aggregate> = aggregates
+        .iter()
+        .map(|a| Aggregate {
+            func: match a.func {
+                AggFunc::Count | AggFunc::Sum => AggFunc::Sum,
+                f => f,
+            },
+            arg: Value::col(&a.name),
+            name: a.name.clone(),
+        })
+        .collect();
     let combine = Primitive::AggGrpSort {
         group_by: group_by.to_vec(),
-        aggregates: aggregates
-            .iter()
-            .map(|a| Aggregate {
-                func: match a.func {
-                    AggFunc::Count | AggFunc::Sum => AggFunc::Sum,
-                    f => f,
-                },
-                arg: Value::col(&a.name),
-                name: a.name.clone(),
-            })
-            .collect(),
+        aggregates: combining.clone(),
     };
+    // Both are planned once, not once a chunk.
     let chunk_bytes = (mem.budget / CHUNKS_PER_BUDGET).max(1);
+    let bundle_schema = super::agg_schema(&schema, group_by, aggregates)?;
+    let mut combine_schema: Option<SchemaRef> = None;
     let mut partial: Option<(SchemaRef, Vec<RecordBatch>)> = None;
     let mut chunk = Vec::new();
     let mut bytes = 0;
@@ -189,13 +199,22 @@ async fn aggregate_by_chunks(
         if bytes < chunk_bytes && input.peek().is_some() {
             continue;
         }
-        let (ps, rows) = super::run(&bundle, schema.clone(), std::mem::take(&mut chunk)).await?;
+        let chunk = std::mem::take(&mut chunk);
+        let (ps, rows) =
+            super::aggregate_planned(&bundle, schema.clone(), chunk, &bundle_schema).await?;
         bytes = 0;
         let rows = match partial.take() {
             None => rows,
             Some((_, mut before)) => {
                 before.extend(rows);
-                let (_, again) = super::run(&combine, ps.clone(), before).await?;
+                let want = match &combine_schema {
+                    Some(w) => w.clone(),
+                    None => combine_schema
+                        .insert(super::agg_schema(&ps, group_by, &combining)?)
+                        .clone(),
+                };
+                let (_, again) =
+                    super::aggregate_planned(&combine, ps.clone(), before, &want).await?;
                 again
                     .iter()
                     .map(|b| retype(b, &ps))
@@ -324,11 +343,7 @@ async fn sort(
         if bytes >= chunk_bytes {
             let (_, sorted) =
                 super::run(&chunk_sort, schema.clone(), std::mem::take(&mut chunk)).await?;
-            runs.push(Run::write(
-                &mem.spill_dir,
-                &schema,
-                sorted.into_iter().map(Ok),
-            )?);
+            runs.push(Run::write_narrowed(&mem.spill_dir, &schema, &sorted)?);
             total += bytes as u64;
             bytes = 0;
         }
@@ -347,11 +362,7 @@ async fn sort(
     }
     total += bytes as u64;
     if !last.is_empty() {
-        runs.push(Run::write(
-            &mem.spill_dir,
-            &schema,
-            last.into_iter().map(Ok),
-        )?);
+        runs.push(Run::write_narrowed(&mem.spill_dir, &schema, &last)?);
     }
     let runs = fewer_runs(&schema, &order, runs, mem)?;
     let spilled = Spilled {
@@ -364,8 +375,13 @@ async fn sort(
     Ok((schema, Output::Spilled(spilled)))
 }
 
-/// Merges groups of `runs` into longer runs while there are more than the
-/// budget holds a batch of each, so that one merge reads them all.
+/// Merges groups of adjacent `runs` into longer runs while there are
+/// more than the budget holds a batch of each, so that one merge reads
+/// them all. Each merge takes only as many runs as it must (the first
+/// takes `runs - fan_in + 1` when that is under the fan-in), so a sort
+/// a few runs over the fan-in rewrites a few runs, not all of them.
+/// Merging adjacent runs in place keeps the sort stable: a merge gives
+/// ties to the earlier run.
 fn fewer_runs(
     schema: &SchemaRef,
     order: &Order,
@@ -375,19 +391,17 @@ fn fewer_runs(
     let widest = runs.iter().map(|r| r.widest).max().unwrap_or(1).max(1);
     let fan_in = (mem.budget / 2 / widest).clamp(2, MAX_FAN_IN);
     let mut runs: Vec<Arc<Run>> = runs.into_iter().map(Arc::new).collect();
+    let mut at = 0;
     while runs.len() > fan_in {
-        let mut longer = Vec::with_capacity(runs.len().div_ceil(fan_in));
-        let mut rest = runs.into_iter().peekable();
-        while rest.peek().is_some() {
-            let group: Vec<Arc<Run>> = rest.by_ref().take(fan_in).collect();
-            if group.len() == 1 {
-                longer.extend(group);
-                continue;
-            }
-            let merged = Merge::new(schema.clone(), order.clone(), group)?;
-            longer.push(Arc::new(Run::write(&mem.spill_dir, schema, merged)?));
+        let k = fan_in.min(runs.len() - fan_in + 1);
+        if at + k > runs.len() {
+            // The next level: merged runs are merged again.
+            at = 0;
         }
-        runs = longer;
+        let group: Vec<Arc<Run>> = runs.drain(at..at + k).collect();
+        let merged = Merge::new(schema.clone(), order.clone(), group)?;
+        runs.insert(at, Arc::new(Run::write(&mem.spill_dir, schema, merged)?));
+        at += 1;
     }
     Ok(runs)
 }
@@ -438,8 +452,12 @@ static SPILLS: AtomicU64 = AtomicU64::new(0);
 #[derive(Debug)]
 struct Run {
     path: PathBuf,
-    /// Bytes of its largest batch.
+    /// Bytes of its largest batch (as it is in memory, read back).
     widest: usize,
+    /// The schema its batches are read back as, when the file stores some
+    /// of their columns narrowed ([`Run::write_narrowed`]); `None` when
+    /// it stores them as they are.
+    wide: Option<SchemaRef>,
 }
 
 impl Run {
@@ -455,44 +473,88 @@ impl Run {
         }
         w.finish()
     }
+
+    /// Writes a chunk held whole in memory as a run, its integer-backed
+    /// columns narrowed to the chunk's range ([`crate::codec::narrow`]):
+    /// Q1's four decimals take 8 bytes a row on the device instead of 32,
+    /// so a quarter of the bytes cross the page cache twice. Read back
+    /// bit-exact ([`RunReader`] widens them).
+    fn write_narrowed(dir: &Path, schema: &SchemaRef, batches: &[RecordBatch]) -> Result<Run> {
+        let batches: Vec<RecordBatch> = batches
+            .iter()
+            .flat_map(|b| {
+                (0..b.num_rows())
+                    .step_by(RUN_BATCH_ROWS)
+                    .map(|at| b.slice(at, RUN_BATCH_ROWS.min(b.num_rows() - at)))
+            })
+            .collect();
+        let batches = &batches[..];
+        let mut fields = Vec::with_capacity(schema.fields().len());
+        let mut columns: Vec<Vec<arrow::array::ArrayRef>> = Vec::with_capacity(fields.capacity());
+        let mut narrowed = false;
+        for (i, f) in schema.fields().iter().enumerate() {
+            let blocks: Vec<_> = batches.iter().map(|b| b.column(i).clone()).collect();
+            match crate::codec::narrow(f, &blocks)? {
+                Some((stored, blocks)) => {
+                    narrowed = true;
+                    fields.push(stored);
+                    columns.push(blocks);
+                }
+                None => {
+                    fields.push(f.clone());
+                    columns.push(blocks);
+                }
+            }
+        }
+        if !narrowed {
+            return Run::write(dir, schema, batches.iter().cloned().map(Ok));
+        }
+        let stored = Arc::new(arrow::datatypes::Schema::new_with_metadata(
+            fields,
+            schema.metadata().clone(),
+        ));
+        let mut w = RunWriter::create(dir, &stored)?;
+        for (k, b) in batches.iter().enumerate() {
+            let cols = columns.iter().map(|c| c[k].clone()).collect();
+            let options = RecordBatchOptions::new().with_row_count(Some(b.num_rows()));
+            let n = RecordBatch::try_new_with_options(stored.clone(), cols, &options)?;
+            w.write_counted(&n, data_bytes(b))?;
+        }
+        let mut run = w.finish()?;
+        run.wide = Some(schema.clone());
+        Ok(run)
+    }
 }
 
 /// A run being written, batch by batch.
-#[allow(missing_debug_implementations)] // arrow's writer has no Debug
-pub struct RunWriter {
+struct RunWriter {
     run: Run,
-    schema: SchemaRef,
     writer: StreamWriter<BufWriter<File>>,
-    rows: u64,
-    bytes: u64,
 }
 
 impl RunWriter {
     /// Starts a run of `schema` in `dir` (created if missing).
-    pub fn create(dir: &Path, schema: &SchemaRef) -> Result<RunWriter> {
+    fn create(dir: &Path, schema: &SchemaRef) -> Result<RunWriter> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         let n = SPILLS.fetch_add(1, Ordering::Relaxed);
         let run = Run {
             path: dir.join(format!("run-{}-{n}.arrows", std::process::id())),
             widest: 0,
+            wide: None,
         };
         let file = File::create(&run.path).map_err(|e| Error::io(&run.path, e))?;
         let writer = StreamWriter::try_new(BufWriter::with_capacity(1 << 20, file), schema)?;
-        Ok(RunWriter {
-            run,
-            schema: schema.clone(),
-            writer,
-            rows: 0,
-            bytes: 0,
-        })
+        Ok(RunWriter { run, writer })
     }
 
     /// Appends a batch.
-    pub fn write(&mut self, b: &RecordBatch) -> Result<()> {
-        let bytes = data_bytes(b);
+    fn write(&mut self, b: &RecordBatch) -> Result<()> {
+        self.write_counted(b, data_bytes(b))
+    }
+
+    /// Appends a batch that takes `bytes` in memory once read back.
+    fn write_counted(&mut self, b: &RecordBatch, bytes: usize) -> Result<()> {
         self.run.widest = self.run.widest.max(bytes);
-        self.rows += b.num_rows() as u64;
-        self.bytes += bytes as u64;
         Ok(self.writer.write(b)?)
     }
 
@@ -504,25 +566,78 @@ impl RunWriter {
             .map_err(|e| Error::io(&self.run.path, e))?;
         Ok(self.run)
     }
+}
 
-    /// Ends the run: the output it holds, read back as written.
-    pub fn into_spilled(self) -> Result<Spilled> {
-        let schema = self.schema.clone();
-        let (rows, bytes) = (self.rows, self.bytes);
-        let run = self.finish()?;
+/// A stream spilled as it is produced (an output larger than the node's
+/// memory that the query does not materialise): cut into chunks of a
+/// quarter of the budget, each written as a run with its columns narrowed
+/// to the chunk's range ([`Run::write_narrowed`]), and read back in order.
+#[derive(Debug)]
+pub struct StreamSpill {
+    schema: SchemaRef,
+    dir: PathBuf,
+    chunk_bytes: usize,
+    chunk: Vec<RecordBatch>,
+    held: usize,
+    runs: Vec<Arc<Run>>,
+    rows: u64,
+    bytes: u64,
+}
+
+impl StreamSpill {
+    /// Starts spilling a stream of `schema` within `mem`.
+    pub fn new(schema: &SchemaRef, mem: &WorkMemory) -> StreamSpill {
+        StreamSpill {
+            schema: schema.clone(),
+            dir: mem.spill_dir.clone(),
+            chunk_bytes: (mem.budget / CHUNKS_PER_BUDGET).max(1),
+            chunk: Vec::new(),
+            held: 0,
+            runs: Vec::new(),
+            rows: 0,
+            bytes: 0,
+        }
+    }
+
+    /// Appends a batch.
+    pub fn write(&mut self, b: &RecordBatch) -> Result<()> {
+        let bytes = data_bytes(b);
+        self.rows += b.num_rows() as u64;
+        self.bytes += bytes as u64;
+        self.held += bytes;
+        self.chunk.push(b.clone());
+        if self.held >= self.chunk_bytes {
+            self.cut()?;
+        }
+        Ok(())
+    }
+
+    fn cut(&mut self) -> Result<()> {
+        let chunk = std::mem::take(&mut self.chunk);
+        self.held = 0;
+        if !chunk.is_empty() {
+            let run = Run::write_narrowed(&self.dir, &self.schema, &chunk)?;
+            self.runs.push(Arc::new(run));
+        }
+        Ok(())
+    }
+
+    /// Ends the stream: the output it holds, read back as written.
+    pub fn into_spilled(mut self) -> Result<Spilled> {
+        self.cut()?;
         Ok(Spilled {
-            schema,
-            runs: vec![Arc::new(run)],
+            schema: self.schema,
+            runs: self.runs,
             order: None,
-            rows,
-            bytes,
+            rows: self.rows,
+            bytes: self.bytes,
         })
     }
 }
 
 /// A primitive's output held on the node's device as spilled runs
 /// instead of a table object: a Sort's sorted runs, merged as they are
-/// read ([`Spilled::blocks`]), or one run of a stream. An output larger
+/// read ([`Spilled::blocks`]), or the runs of a spilled stream ([`StreamSpill`]). An output larger
 /// than the node's memory that the query does not materialise is kept
 /// this way: written once, in the form the next primitive reads, and
 /// removed with the last reader.
@@ -578,9 +693,8 @@ impl Spilled {
                 .flat_map(|opened| -> BatchIter {
                     match opened {
                         // The run stays while its reader lives.
-                        Ok((run, reader)) => Box::new(reader.map(move |b| {
+                        Ok((run, reader)) => Box::new(reader.inspect(move |_| {
                             let _keep = &run;
-                            b.map_err(|e| Error::object(&run.path, format!("spilled run: {e}")))
                         })),
                         Err(e) => Box::new(std::iter::once(Err(e))),
                     }
@@ -590,12 +704,60 @@ impl Spilled {
 }
 
 /// A reader of a run's batches.
-fn read_run(run: &Run) -> Result<StreamReader<BufReader<File>>> {
+fn read_run(run: &Run) -> Result<RunReader> {
     let file = File::open(&run.path).map_err(|e| Error::io(&run.path, e))?;
-    Ok(StreamReader::try_new(
-        BufReader::with_capacity(1 << 20, file),
-        None,
-    )?)
+    let reader = StreamReader::try_new(BufReader::with_capacity(1 << 20, file), None)
+        .map_err(|e| Error::object(&run.path, format!("spilled run: {e}")))?;
+    Ok(RunReader {
+        reader,
+        wide: run.wide.clone(),
+        path: run.path.clone(),
+    })
+}
+
+/// A run's batches as they were before it was written: narrowed columns
+/// widened back.
+struct RunReader {
+    reader: StreamReader<BufReader<File>>,
+    wide: Option<SchemaRef>,
+    path: PathBuf,
+}
+
+impl RunReader {
+    fn widen(&self, b: RecordBatch) -> Result<RecordBatch> {
+        let Some(wide) = &self.wide else {
+            return Ok(b);
+        };
+        let stored = b.schema();
+        let cols = wide
+            .fields()
+            .iter()
+            .zip(stored.fields())
+            .zip(b.columns())
+            .map(|((want, have), c)| {
+                crate::codec::widen(want, have, c.clone())
+                    .map_err(|e| Error::object(&self.path, format!("spilled run: {e}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let options = RecordBatchOptions::new().with_row_count(Some(b.num_rows()));
+        Ok(RecordBatch::try_new_with_options(
+            wide.clone(),
+            cols,
+            &options,
+        )?)
+    }
+}
+
+impl Iterator for RunReader {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Result<RecordBatch>> {
+        let b = self.reader.next()?;
+        Some(
+            b.map_err(|e| Error::object(&self.path, format!("spilled run: {e}")))
+                .and_then(|b| self.widen(b)),
+        )
+    }
 }
 
 impl Drop for Run {
@@ -606,11 +768,12 @@ impl Drop for Run {
 
 /// One run being merged: its current batch and where in it.
 struct Cursor {
-    reader: StreamReader<BufReader<File>>,
+    reader: RunReader,
     batch: RecordBatch,
     rows: Rows,
     pos: usize,
-    run: Arc<Run>,
+    /// Keeps the run (and its file) while it is read.
+    _run: Arc<Run>,
 }
 
 impl Cursor {
@@ -622,7 +785,7 @@ impl Cursor {
             batch: RecordBatch::new_empty(Arc::new(arrow::datatypes::Schema::empty())),
             rows: converter.empty_rows(0, 0),
             pos: 0,
-            run,
+            _run: run,
         };
         Ok(c.next_batch(order, converter)?.then_some(c))
     }
@@ -630,7 +793,7 @@ impl Cursor {
     /// Moves to the run's next non-empty batch; false at its end.
     fn next_batch(&mut self, order: &Order, converter: &RowConverter) -> Result<bool> {
         for b in self.reader.by_ref() {
-            let b = b.map_err(|e| Error::object(&self.run.path, format!("spilled run: {e}")))?;
+            let b = b?;
             if b.num_rows() == 0 {
                 continue;
             }
@@ -911,6 +1074,54 @@ mod tests {
             assert!(got.iter().all(|b| b.num_rows() <= BATCH_ROWS));
             assert_eq!(left_in(d.path()), 0, "spill files left at budget {budget}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_sorts_runs_store_decimals_narrowed_and_read_back_bit_exact() {
+        let (schema, batches) = q1_like(24, 3000);
+        let sort = Primitive::Sort { keys: sort_keys() };
+        let (_, want) = crate::ops::run(&sort, schema.clone(), batches.clone())
+            .await
+            .unwrap();
+        let in_memory: usize = batches.iter().map(data_bytes).sum();
+        let d = tempfile::tempdir().unwrap();
+        // Five runs, merged in one pass (a merge writes its runs plain).
+        let m = mem(d.path(), 1 << 20);
+        let (_, out) = run(&sort, schema.clone(), input(batches), &m)
+            .await
+            .unwrap();
+        let Output::Spilled(spilled) = out else {
+            panic!("a budget of a few batches spills");
+        };
+        let on_device: u64 = std::fs::read_dir(d.path().join(".spill"))
+            .unwrap()
+            .map(|e| e.unwrap().metadata().unwrap().len())
+            .sum();
+        // Keys take 2 bytes a row, the decimal 8 and the position 8 in
+        // memory; narrowed, the decimal (range 1000.00) and the position
+        // take 4 bytes each, so the files are well under the rows' size.
+        assert!(
+            on_device < in_memory as u64 * 3 / 4,
+            "runs take {on_device} bytes for {in_memory} bytes of rows"
+        );
+        let got = spilled
+            .blocks()
+            .unwrap()
+            .collect::<Result<Vec<_>>>()
+            .unwrap();
+        assert_eq!(got[0].schema(), schema, "read back as the input's types");
+        assert_eq!(keyed_rows(&got), keyed_rows(&want));
+        let price = |bs: &[RecordBatch]| -> Vec<i64> {
+            bs.iter()
+                .flat_map(|b| {
+                    b.column(2)
+                        .as_primitive::<arrow::datatypes::Decimal64Type>()
+                        .values()
+                        .to_vec()
+                })
+                .collect()
+        };
+        assert_eq!(price(&got), price(&want), "decimals bit-exact");
     }
 
     #[tokio::test]
