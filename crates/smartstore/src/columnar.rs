@@ -35,7 +35,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use arrow::array::ArrayRef;
 use arrow::buffer::{Buffer, MutableBuffer};
@@ -358,22 +358,9 @@ pub fn decode(
 /// A decoded table: its schema and row blocks.
 pub type Table = (SchemaRef, Vec<RecordBatch>);
 
-/// What reading a table off the device cost.
-#[derive(Debug, Default, Clone)]
-pub struct ReadCost {
-    /// Measured time of the reads (including checksums).
-    pub time: Duration,
-    /// Bytes of each read request, in order: the header, the directory,
-    /// then one per segment read (what a device model charges).
-    pub requests: Vec<u64>,
-}
-
-impl ReadCost {
-    /// Bytes read in all.
-    pub fn bytes(&self) -> u64 {
-        self.requests.iter().sum()
-    }
-}
+// What reading a table off the device cost (defined with the device
+// models, which charge its requests).
+pub use crate::devmodel::ReadCost;
 
 struct OnDevice<'a> {
     path: &'a Path,
@@ -472,7 +459,8 @@ impl Source for OnDevice<'_> {
 /// read. Returns the table and what the reads cost.
 pub fn read(path: &Path, columns: Option<&[String]>) -> Result<(Table, ReadCost)> {
     let mut cost = ReadCost::default();
-    let (file, segs) = open_table(path, &mut cost)?;
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let (file, segs) = open_table(path, file, &mut cost)?;
     let mut dev = OnDevice {
         path,
         file,
@@ -485,8 +473,7 @@ pub fn read(path: &Path, columns: Option<&[String]>) -> Result<(Table, ReadCost)
 
 /// Opens the table object at `path`: reads and checks its header and its
 /// directory (charging `cost`), and returns the file and the segments.
-fn open_table(path: &Path, cost: &mut ReadCost) -> Result<(File, Vec<Segment>)> {
-    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+fn open_table(path: &Path, file: File, cost: &mut ReadCost) -> Result<(File, Vec<Segment>)> {
     let file_len = file.metadata().map_err(|e| Error::io(path, e))?.len();
     let mut dev = OnDevice {
         path,

@@ -163,6 +163,23 @@ impl DeviceModel {
     }
 }
 
+/// What reading a table off the device cost.
+#[derive(Debug, Default, Clone)]
+pub struct ReadCost {
+    /// Measured time of the reads (including checksums).
+    pub time: Duration,
+    /// Bytes of each read request, in order: the header, the directory,
+    /// then one per segment read (what a device model charges).
+    pub requests: Vec<u64>,
+}
+
+impl ReadCost {
+    /// Bytes read in all.
+    pub fn bytes(&self) -> u64 {
+        self.requests.iter().sum()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,7 +17,7 @@
 //! | a node's stored partition (row-wise across nodes, column by column inside one) | [`columnar`], [`object`] |
 //! | query plan distributed to the nodes (2.3) | [`plan::Fragment`], [`wire`] |
 //! | primitives Scan, Sort, AggGrpSort bundle (2.3, 4.2) | [`plan::Primitive`], [`ops`] |
-//! | a node's bounded memory (2.2; 64 MB in 5) as a bound on a primitive's working memory: streamed input, external sort, spilled outputs | [`ops::bounded`], [`columnar::RowBlocks`], `node::bounded` |
+//! | a node's bounded memory (2.2; 64 MB in 5) as a bound on a primitive's working memory: streamed input, external sort, narrowed spills, a Scan deferred into its reader | [`ops::bounded`], [`ops::scanfilter`], [`columnar::RowBlocks`], `node::bounded` |
 //! | Sort on few-valued (dictionary) keys, by normalized key | [`ranksort`] |
 //! | the bundle's Group-by over sorted input, by runs; its sums as exact integer arithmetic | [`rungroup`], [`ops`] |
 //! | checkpoint per primitive (4.2), pipelined behind the next primitive and encoded once | [`host::Cluster::run_query_with`], [`codec`] |

@@ -21,6 +21,7 @@ use crate::{ranksort, rungroup};
 
 pub mod bounded;
 mod exactsum;
+pub mod scanfilter;
 
 /// Sorts whose input is smaller than this concatenate and sort once
 /// instead of sorting each batch and merging. A node's input is in memory
@@ -95,29 +96,34 @@ pub async fn run(
     Ok((out_schema, batches))
 }
 
+/// A Scan's filter as one expression: the conjunction of its
+/// comparisons; `None` when it has none.
+fn predicate(filter: &[crate::plan::Predicate], schema: &SchemaRef) -> Result<Option<Expr>> {
+    Ok(filter
+        .iter()
+        .map(|p| {
+            let l = expr(&p.left, schema)?;
+            let r = expr(&p.right, schema)?;
+            Ok(match p.cmp {
+                Cmp::Lt => l.lt(r),
+                Cmp::Le => l.lt_eq(r),
+                Cmp::Eq => l.eq(r),
+                Cmp::Ge => l.gt_eq(r),
+                Cmp::Gt => l.gt(r),
+            })
+        })
+        .collect::<Result<Vec<_>>>()?
+        .into_iter()
+        .reduce(Expr::and))
+}
+
 /// `primitive` as DataFusion plans it over `df` (whose columns are
 /// `schema`'s).
 fn apply(primitive: &Primitive, df: DataFrame, schema: &SchemaRef) -> Result<DataFrame> {
     Ok(match primitive {
         Primitive::Scan { filter, columns } => {
             let mut df = df;
-            if let Some(pred) = filter
-                .iter()
-                .map(|p| {
-                    let l = expr(&p.left, schema)?;
-                    let r = expr(&p.right, schema)?;
-                    Ok(match p.cmp {
-                        Cmp::Lt => l.lt(r),
-                        Cmp::Le => l.lt_eq(r),
-                        Cmp::Eq => l.eq(r),
-                        Cmp::Ge => l.gt_eq(r),
-                        Cmp::Gt => l.gt(r),
-                    })
-                })
-                .collect::<Result<Vec<_>>>()?
-                .into_iter()
-                .reduce(Expr::and)
-            {
+            if let Some(pred) = predicate(filter, schema)? {
                 df = df.filter(pred)?;
             }
             if let Some(cols) = columns {

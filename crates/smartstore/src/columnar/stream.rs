@@ -11,7 +11,7 @@
 //! row blocks the consumer still holds.
 //!
 //! Each segment's crc32c (the directory's, see [`super`]) is checked
-//! before any of it is decoded, by a first pass that reads the segment a
+//! before any of it is decoded, by a first pass (made by the first read) that reads the segment a
 //! chunk at a time for its checksum alone (Arrow's IPC decoder may panic
 //! on damaged metadata rather than fail). The second pass, which decodes,
 //! computes it again and checks it when the segment ends, so the bytes
@@ -68,6 +68,8 @@ pub struct RowBlocks {
     cost: Arc<Mutex<ReadCost>>,
     /// Bytes of the segments still to be read, summed at open.
     bytes: u64,
+    /// Whether the segments' checksums passed (the first read checks).
+    checked: bool,
     ended: bool,
 }
 
@@ -84,15 +86,29 @@ impl std::fmt::Debug for RowBlocks {
 impl RowBlocks {
     /// Opens the table object at `path` for the `columns` named (all when
     /// `None`), checking its header, directory and schema segment. What
-    /// the reads cost is added to `cost` as they happen.
+    /// the reads cost is added to `cost` as they happen. The column
+    /// segments' checksums are checked by the first read.
     pub fn open(
         path: &Path,
         columns: Option<&[String]>,
         cost: Arc<Mutex<ReadCost>>,
     ) -> Result<RowBlocks> {
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        RowBlocks::open_file(path, file, columns, cost)
+    }
+
+    /// [`RowBlocks::open`] over `file`, already open on the object at
+    /// `path`: a reader that holds an object open reads it as it was,
+    /// whatever replaces the name since.
+    pub fn open_file(
+        path: &Path,
+        file: File,
+        columns: Option<&[String]>,
+        cost: Arc<Mutex<ReadCost>>,
+    ) -> Result<RowBlocks> {
         let (file, segs) = {
             let mut c = cost.lock();
-            open_table(path, &mut c)?
+            open_table(path, file, &mut c)?
         };
         let mut guard = cost.lock();
         let schema_bytes = read_at(
@@ -121,28 +137,6 @@ impl RowBlocks {
             })
             .collect();
         let bytes = columns.iter().map(|c| c.seg.len).sum();
-        // Arrow's IPC decoder may panic on damaged metadata, so a segment
-        // is decoded only once its checksum has passed: a first pass
-        // reads each one a chunk at a time for its crc alone.
-        let mut buf = vec![0u8; READ_CHUNK];
-        for c in &columns {
-            let t = Instant::now();
-            let mut crc = 0;
-            let mut at = 0;
-            while at < c.seg.len {
-                let len = (c.seg.len - at).min(READ_CHUNK as u64) as usize;
-                file.read_exact_at(&mut buf[..len], object_payload_at() + c.seg.offset + at)
-                    .map_err(|e| Error::io(path, e))?;
-                crc = crc32c::crc32c_append(crc, &buf[..len]);
-                at += len as u64;
-            }
-            let mut cost = cost.lock();
-            cost.time += t.elapsed();
-            cost.requests.push(c.seg.len);
-            if crc != c.seg.crc {
-                return Err(segment_damaged(path, c.index));
-            }
-        }
         Ok(RowBlocks {
             path: path.to_path_buf(),
             file,
@@ -152,8 +146,47 @@ impl RowBlocks {
             blocks: 0,
             cost,
             bytes,
+            checked: false,
             ended: false,
         })
+    }
+
+    /// The file read (open on the object as it was when opened).
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// The object's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Checks every needed segment's checksum before any of it is
+    /// decoded: Arrow's IPC decoder may panic on damaged metadata, so a
+    /// first pass reads each one a chunk at a time for its crc alone.
+    fn check_segments(&mut self) -> Result<()> {
+        let mut buf = vec![0u8; READ_CHUNK];
+        for c in &self.columns {
+            let t = Instant::now();
+            let mut crc = 0;
+            let mut at = 0;
+            while at < c.seg.len {
+                let len = (c.seg.len - at).min(READ_CHUNK as u64) as usize;
+                self.file
+                    .read_exact_at(&mut buf[..len], self.payload_at + c.seg.offset + at)
+                    .map_err(|e| Error::io(&self.path, e))?;
+                crc = crc32c::crc32c_append(crc, &buf[..len]);
+                at += len as u64;
+            }
+            let mut cost = self.cost.lock();
+            cost.time += t.elapsed();
+            cost.requests.push(c.seg.len);
+            if crc != c.seg.crc {
+                return Err(segment_damaged(&self.path, c.index));
+            }
+        }
+        self.checked = true;
+        Ok(())
     }
 
     /// The schema of the blocks yielded.
@@ -210,6 +243,9 @@ impl RowBlocks {
     fn next_block(&mut self) -> Result<Option<RecordBatch>> {
         if self.columns.is_empty() {
             return Ok(None);
+        }
+        if !self.checked {
+            self.check_segments()?;
         }
         let mut parts = Vec::with_capacity(self.columns.len());
         for c in 0..self.columns.len() {
@@ -398,7 +434,10 @@ mod tests {
             let mut bad = payload.clone();
             bad[i as usize] ^= 0x10;
             let p = write(d.path(), &object::encode(object::Kind::Table, &bad));
-            match RowBlocks::open(&p, Some(&["v".to_string()]), cost()) {
+            // Refused by the first read, before any block is decoded.
+            match RowBlocks::open(&p, Some(&["v".to_string()]), cost())
+                .and_then(|mut r| r.next().transpose())
+            {
                 Err(e) => assert!(e.to_string().contains("fails its checksum"), "{e}"),
                 Ok(_) => panic!("flip at payload byte {i} not detected"),
             }

@@ -397,6 +397,9 @@ impl Node {
         }
         let needed = fragment.primitive.input_columns();
         let started = Instant::now();
+        if let Some(stats) = self.defer_scan(fragment, needed.as_deref(), started, stats)? {
+            return Ok(stats);
+        }
         if let Some(inputs) = self.streamed_inputs(fragment, needed.as_deref(), &mut stats)? {
             return self.run_bounded(fragment, inputs, started, stats).await;
         }

@@ -10,20 +10,22 @@
 //! object read by [`crate::columnar::RowBlocks`]) and returns the output
 //! as a stream, holding at most about [`WorkMemory::budget`] bytes:
 //!
-//! - **Scan** filters and projects block by block (DataFusion's filter
-//!   over a streaming source); it holds one block.
+//! - **Scan** filters and projects block by block
+//!   ([`super::scanfilter`]); it holds one block.
 //! - **Sort** is an external merge sort. The input is cut into chunks of a
 //!   quarter of the budget; each chunk is sorted in memory by
 //!   [`super::run`] (so Q1's dictionary keys still take the bucketed
 //!   [`crate::ranksort`]) and spilled as a sorted run, an Arrow IPC stream
-//!   file in the spill directory. The runs are then merged
-//!   ([`Merge`]): a stable k-way merge over arrow's row format, which
-//!   emits the longest stretch of the leading run that sorts before every
-//!   other run's head in one slice, found by galloping. A stable chunk
-//!   sort makes the whole sort stable; runs with key-constant batches
-//!   (ranksort's buckets) merge a batch at a time. When more runs are cut
-//!   than the budget holds a batch of each, groups of runs are merged into
-//!   longer runs first.
+//!   file in the spill directory, its integer-backed columns narrowed to
+//!   the chunk's range ([`crate::codec::narrow`], widened bit-exact when
+//!   read) and its batches [`RUN_BATCH_ROWS`] long. The runs are then
+//!   merged ([`Merge`]): a stable k-way merge over arrow's row format,
+//!   which emits the longest stretch of the leading run that sorts before
+//!   every other run's head in one slice, found by galloping. A stable
+//!   chunk sort makes the whole sort stable; runs with key-constant
+//!   batches (ranksort's buckets) merge a batch at a time. When more runs
+//!   are cut than the budget holds a batch of each, only as many adjacent
+//!   runs are merged into longer runs first as it takes.
 //! - **AggGrpSort** whose aggregates combine (Q1's sums and counts, and
 //!   minima and maxima) aggregates a chunk at a time in memory and
 //!   combines the partial rows ([`aggregate_by_chunks`]): memory holds a
@@ -66,9 +68,12 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 
 use super::BATCH_ROWS;
+use super::scanfilter::ScanFilter;
 use crate::batch::data_bytes;
+use crate::devmodel::ReadCost;
 use crate::error::{Error, Result};
 use crate::plan::{AggFunc, Aggregate, Primitive, SortKey, Value};
+use parking_lot::Mutex;
 
 /// A primitive's input: row blocks, each a `Result` (a damaged input
 /// ends with an error).
@@ -116,6 +121,12 @@ pub async fn run(
     mem: &WorkMemory,
 ) -> Result<(SchemaRef, Output)> {
     match primitive {
+        Primitive::Scan { .. } => {
+            let filter = ScanFilter::new(primitive, &schema)?;
+            let out = filter.schema().clone();
+            let blocks = input.map(move |b| filter.apply(&b?));
+            Ok((out, Output::Stream(futures::stream::iter(blocks).boxed())))
+        }
         Primitive::Sort { keys } => sort(schema, keys, input, mem).await,
         Primitive::AggGrpSort {
             group_by,
@@ -250,7 +261,7 @@ fn retype(b: &RecordBatch, to: &SchemaRef) -> Result<RecordBatch> {
     Ok(RecordBatch::try_new(to.clone(), cols)?)
 }
 
-/// Scan and AggGrpSort: DataFusion's plan of the primitive over a
+/// AggGrpSort with an average: DataFusion's plan of the primitive over a
 /// streaming source, under a memory pool of the budget.
 async fn through_datafusion(
     primitive: &Primitive,
@@ -273,7 +284,7 @@ async fn through_datafusion(
     let ctx = SessionContext::new_with_config_rt(config, runtime);
     let source = OneShot {
         schema: schema.clone(),
-        input: parking_lot::Mutex::new(Some(input)),
+        input: Mutex::new(Some(input)),
     };
     let table = StreamingTable::try_new(schema.clone(), vec![Arc::new(source)])?;
     let df = super::apply(primitive, ctx.read_table(Arc::new(table))?, &schema)?;
@@ -285,7 +296,7 @@ async fn through_datafusion(
 /// A streaming source that hands DataFusion the input once.
 struct OneShot {
     schema: SchemaRef,
-    input: parking_lot::Mutex<Option<BatchIter>>,
+    input: Mutex<Option<BatchIter>>,
 }
 
 impl std::fmt::Debug for OneShot {
@@ -367,8 +378,10 @@ async fn sort(
     let runs = fewer_runs(&schema, &order, runs, mem)?;
     let spilled = Spilled {
         schema: schema.clone(),
-        runs,
-        order: Some(order),
+        form: Form::Runs {
+            runs,
+            order: Some(order),
+        },
         rows,
         bytes: total,
     };
@@ -627,66 +640,128 @@ impl StreamSpill {
         self.cut()?;
         Ok(Spilled {
             schema: self.schema,
-            runs: self.runs,
-            order: None,
+            form: Form::Runs {
+                runs: self.runs,
+                order: None,
+            },
             rows: self.rows,
             bytes: self.bytes,
         })
     }
 }
 
-/// A primitive's output held on the node's device as spilled runs
-/// instead of a table object: a Sort's sorted runs, merged as they are
-/// read ([`Spilled::blocks`]), or the runs of a spilled stream ([`StreamSpill`]). An output larger
-/// than the node's memory that the query does not materialise is kept
-/// this way: written once, in the form the next primitive reads, and
-/// removed with the last reader.
+/// A primitive's output held on the node's device instead of in its
+/// memory or as a table object: a Sort's sorted runs, merged as they are
+/// read ([`Spilled::blocks`]), the runs of a spilled stream
+/// ([`StreamSpill`]), or a Scan not run yet ([`Spilled::deferred`]). An
+/// output larger than the node's memory that the query does not
+/// materialise is kept this way: written once (or not at all), in the
+/// form the next primitive reads, and removed with the last reader.
 pub struct Spilled {
     schema: SchemaRef,
-    runs: Vec<Arc<Run>>,
-    /// The runs' sort order: they are merged when read.
-    order: Option<Order>,
+    form: Form,
     rows: u64,
     bytes: u64,
 }
 
+enum Form {
+    /// Runs on the device, merged when read if they have an order.
+    Runs {
+        runs: Vec<Arc<Run>>,
+        order: Option<Order>,
+    },
+    /// A Scan run by whoever reads it, over its sources as they were when
+    /// it was deferred.
+    Scan {
+        sources: Vec<Reopen>,
+        filter: ScanFilter,
+    },
+}
+
+/// A deferred Scan's source: its row blocks, from the start, each time it
+/// is called; reads charged to the cost given.
+pub type Reopen = Box<dyn Fn(&Arc<Mutex<ReadCost>>) -> Result<BatchIter> + Send + Sync>;
+
 impl std::fmt::Debug for Spilled {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Spilled")
-            .field("runs", &self.runs.len())
-            .field("rows", &self.rows)
-            .finish_non_exhaustive()
+        let mut d = f.debug_struct("Spilled");
+        match &self.form {
+            Form::Runs { runs, .. } => d.field("runs", &runs.len()),
+            Form::Scan { sources, .. } => d.field("deferred scan over", &sources.len()),
+        };
+        d.field("rows", &self.rows).finish_non_exhaustive()
     }
 }
 
 impl Spilled {
+    /// A Scan whose output would only be spilled and read once, kept
+    /// instead as what it reads and how: `filter` over the blocks of
+    /// `sources`, in order, run by the primitive that reads the output
+    /// (each read runs it afresh). Nothing is written; the bytes the
+    /// Scan would have written and the next primitive read back are
+    /// never moved. `bytes` is its input's size, the bound on its
+    /// output's.
+    pub fn deferred(filter: ScanFilter, sources: Vec<Reopen>, bytes: u64) -> Spilled {
+        Spilled {
+            schema: filter.schema().clone(),
+            form: Form::Scan { sources, filter },
+            rows: 0,
+            bytes,
+        }
+    }
+
+    /// Whether this is a Scan not run yet.
+    pub fn is_deferred(&self) -> bool {
+        matches!(self.form, Form::Scan { .. })
+    }
+
     /// The output's schema.
     pub fn schema(&self) -> &SchemaRef {
         &self.schema
     }
 
-    /// Its rows.
+    /// Its rows (0 for a deferred Scan: not known until it runs).
     pub fn rows(&self) -> u64 {
         self.rows
     }
 
-    /// Bytes of its rows' data (as they would be in memory).
+    /// Bytes of its rows' data (as they would be in memory); for a
+    /// deferred Scan, of its input.
     pub fn bytes(&self) -> u64 {
         self.bytes
     }
 
-    /// Its row blocks, in order (a merge of sorted runs).
+    /// Its row blocks, in order (a merge of sorted runs, or a deferred
+    /// Scan run).
     pub fn blocks(&self) -> Result<BatchIter> {
-        if let Some(order) = &self.order
-            && self.runs.len() > 1
+        self.blocks_charged(&Arc::new(Mutex::new(ReadCost::default())))
+    }
+
+    /// [`Spilled::blocks`], a deferred Scan's reads charged to `cost`.
+    pub fn blocks_charged(&self, cost: &Arc<Mutex<ReadCost>>) -> Result<BatchIter> {
+        let (runs, order) = match &self.form {
+            Form::Runs { runs, order } => (runs, order),
+            Form::Scan { sources, filter } => {
+                let inputs = sources
+                    .iter()
+                    .map(|open| open(cost))
+                    .collect::<Result<Vec<_>>>()?;
+                let filter = filter.clone();
+                return Ok(Box::new(
+                    inputs.into_iter().flatten().map(move |b| filter.apply(&b?)),
+                ));
+            }
+        };
+        if let Some(order) = order
+            && runs.len() > 1
         {
             return Ok(Box::new(Merge::new(
                 self.schema.clone(),
                 order.clone(),
-                self.runs.clone(),
+                runs.clone(),
             )?));
         }
-        let runs = self.runs.clone();
+        let runs = runs.clone();
         Ok(Box::new(
             runs.into_iter()
                 .map(|r| read_run(&r).map(|it| (r, it)))

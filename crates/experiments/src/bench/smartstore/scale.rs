@@ -397,7 +397,8 @@ fn print_setup(first: &FirstPass, m: &Measured, host_peak: u64, memory: u64) {
     println!("{}", t.render());
     println!(
         "nodes' data: main group {} MB, mirror group {} MB; largest node peak {} MB \
-         (each node's --memory {} MiB: a primitive whose input is larger streams and spills)",
+         (each node's --memory {} MiB: a primitive whose input is larger streams and spills; \
+         such a Scan is deferred into the Sort that reads it, so its phase takes milliseconds)",
         mb(main_disk),
         mb(mirror_disk),
         mb(max(&m.node_peaks)),
