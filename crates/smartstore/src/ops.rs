@@ -66,6 +66,9 @@ pub async fn run(
     schema: SchemaRef,
     batches: Vec<RecordBatch>,
 ) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+    if let Primitive::Scan { .. } = primitive {
+        return scan(primitive, &schema, batches);
+    }
     if let Primitive::Sort { keys } = primitive {
         let by_index = keys
             .iter()
@@ -89,11 +92,56 @@ pub async fn run(
     {
         return Ok(out);
     }
+    planned(primitive, schema, batches).await
+}
+
+/// `primitive` as DataFusion plans and runs it over `batches`: the path
+/// of every primitive the kernels above do not take, and the reference
+/// the tests hold those kernels to.
+pub(crate) async fn planned(
+    primitive: &Primitive,
+    schema: SchemaRef,
+    batches: Vec<RecordBatch>,
+) -> Result<(SchemaRef, Vec<RecordBatch>)> {
     let ctx = context();
     let df = apply(primitive, frame(&ctx, schema.clone(), batches)?, &schema)?;
     let out_schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
     let batches = df.collect().await?;
     Ok((out_schema, batches))
+}
+
+/// The Scan over batches held whole: each filtered and projected by
+/// [`scanfilter::ScanFilter`] (no plan, no task, no copy of the rows kept
+/// beyond the filter's), and the small pieces a selective filter leaves
+/// gathered into blocks of up to [`BATCH_ROWS`] rows.
+fn scan(
+    primitive: &Primitive,
+    schema: &SchemaRef,
+    batches: Vec<RecordBatch>,
+) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+    let filter = scanfilter::ScanFilter::new(primitive, schema)?;
+    let out_schema = filter.schema().clone();
+    let mut out = Vec::with_capacity(batches.len());
+    let mut small: Vec<RecordBatch> = Vec::new();
+    let mut small_rows = 0;
+    for b in &batches {
+        let kept = filter.apply(b)?;
+        if kept.num_rows() >= BATCH_ROWS / 4 {
+            out.push(kept);
+            continue;
+        }
+        small_rows += kept.num_rows();
+        small.push(kept);
+        if small_rows >= BATCH_ROWS {
+            out.push(arrow::compute::concat_batches(&out_schema, &small)?);
+            small.clear();
+            small_rows = 0;
+        }
+    }
+    if small_rows > 0 {
+        out.push(arrow::compute::concat_batches(&out_schema, &small)?);
+    }
+    Ok((out_schema, out))
 }
 
 /// A Scan's filter as one expression: the conjunction of its

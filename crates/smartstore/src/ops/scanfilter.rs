@@ -2,13 +2,15 @@
 //!
 //! The smart-storage paper's Scan (section 2.3) selects the rows its
 //! predicates hold for and keeps the columns asked for. Over a node's
-//! whole input DataFusion plans it ([`super::run`]); over an input read a
-//! block at a time in bounded memory ([`super::bounded`]) it is this: the
+//! whole input ([`super::run`]) and over an input read a block at a time
+//! in bounded memory ([`super::bounded`]) it is this: the
 //! conjunction compiled once to DataFusion's physical expression (with
 //! the same type coercion as the planned filter, so both answer alike),
 //! evaluated over each block, and the block filtered and projected by
 //! arrow's kernels. A Scan is stateless block to block, so it needs no
-//! stream, no task and no memory beyond one block: this is what lets a
+//! stream, no task and no memory beyond one block (at scale factor 2.5,
+//! in memory, Q1's Scan took 0.26 s through DataFusion's planned filter
+//! and 0.16 s this way, on 4 nodes sharing 2 cores): this is what lets a
 //! node defer a Scan whose output it would only spill, and run it inside
 //! the primitive that reads that output (`node::bounded`).
 
@@ -188,7 +190,7 @@ mod tests {
             scan(Vec::new(), Some(vec!["pos", "flag"])),
         ];
         for s in &scans {
-            let (want_schema, want) = crate::ops::run(s, schema.clone(), batches.clone())
+            let (want_schema, want) = crate::ops::planned(s, schema.clone(), batches.clone())
                 .await
                 .unwrap();
             let f = ScanFilter::new(s, &schema).unwrap();
@@ -199,6 +201,12 @@ mod tests {
             let (got, want) = (cat(&got), cat(&want));
             assert!(got.num_rows() > 0 || want.num_rows() == 0);
             assert_eq!(got, want, "{s:?}");
+            // And the Scan over batches held whole (pieces gathered).
+            let (run_schema, run) = crate::ops::run(s, schema.clone(), batches.clone())
+                .await
+                .unwrap();
+            assert_eq!(run_schema, want_schema);
+            assert_eq!(cat(&run), want, "{s:?}");
         }
     }
 
