@@ -92,7 +92,7 @@ fn draw_bars(path: &Path, title: &str, panels: &[BarPanel], bars: Bars) -> anyho
     let root = BitMapBackend::new(path, (width, 520)).into_drawing_area();
     root.fill(&WHITE)?;
     let (head, body) = root.split_vertically(40);
-    head.titled(title, ("sans-serif", 24))?;
+    head.titled(title, ("sans-serif", title_size(&head, title, width)?))?;
     let areas = body.split_evenly((1, panels.len()));
     for (area, panel) in areas.iter().zip(panels) {
         draw_panel(area, panel, bars)?;
@@ -100,6 +100,27 @@ fn draw_bars(path: &Path, title: &str, panels: &[BarPanel], bars: Bars) -> anyho
     root.present()
         .with_context(|| format!("writing {}", path.display()))?;
     Ok(())
+}
+
+/// The title's font size: 24 points, smaller for a title that would not
+/// fit the image's width (down to 12), so no title is cut at its ends.
+fn title_size<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    title: &str,
+    width: u32,
+) -> anyhow::Result<f64> {
+    let room = width.saturating_sub(24);
+    let mut size = 24.0;
+    while size > 12.0 {
+        let (w, _) = area
+            .estimate_text_size(title, &("sans-serif", size).into_text_style(area))
+            .map_err(|e| anyhow::anyhow!("measuring the title: {e}"))?;
+        if w <= room {
+            break;
+        }
+        size -= 1.0;
+    }
+    Ok(size)
 }
 
 /// The highest bar of a panel: the largest value, or the largest stack.
