@@ -103,28 +103,55 @@ impl Node {
             || parts.iter().any(|(_, p)| matches!(p, Part::Spilled(_)))
     }
 
-    /// Defers a Scan that would stream and whose output the query does
-    /// not materialise: its output would only be spilled for the next
-    /// primitive to read back once, so the node keeps the Scan itself
-    /// instead ([`Spilled::deferred`]), over its inputs held open as they
-    /// are now, and the next primitive runs it as it reads. Returns the
-    /// fragment's stats when deferred; `None` when the Scan must run now
-    /// (its inputs fit memory, one is held in memory, or it materialises).
-    pub(super) fn defer_scan(
+    /// Runs `fragment` within the node's memory when its inputs are
+    /// larger than that (or one is spilled): defers it if it is a Scan
+    /// that may be deferred ([`Node::defer_scan`]), else streams its
+    /// inputs through it ([`Node::run_bounded`]). `None` when the inputs
+    /// fit: the caller loads them whole.
+    pub(super) async fn run_streamed(
         &self,
         fragment: &Fragment,
         columns: Option<&[String]>,
         started: Instant,
         mut stats: Stats,
     ) -> Result<Option<Stats>> {
-        if fragment.materialize || !matches!(fragment.primitive, Primitive::Scan { .. }) {
-            return Ok(None);
-        }
         let cost = Arc::new(Mutex::new(ReadCost::default()));
         let (parts, total) = self.input_parts(fragment, columns, &cost)?;
-        if !self.streams(&parts, total) || parts.iter().any(|(_, p)| matches!(p, Part::Held)) {
+        if !self.streams(&parts, total) {
             return Ok(None);
         }
+        if !fragment.materialize
+            && matches!(fragment.primitive, Primitive::Scan { .. })
+            && !parts.iter().any(|(_, p)| matches!(p, Part::Held))
+        {
+            return self
+                .defer_scan(fragment, parts, total, columns, cost, started, stats)
+                .map(Some);
+        }
+        let inputs = self.streamed_inputs(fragment, parts, columns, cost, &mut stats)?;
+        self.run_bounded(fragment, inputs, started, stats)
+            .await
+            .map(Some)
+    }
+
+    /// Defers a Scan that streams and whose output the query does not
+    /// materialise, over inputs none of which is held in memory: its
+    /// output would only be spilled for the next primitive to read back
+    /// once, so the node keeps the Scan itself instead
+    /// ([`Spilled::deferred`]), over its inputs held open as they are now,
+    /// and the next primitive runs it as it reads. Returns the fragment's
+    /// stats.
+    #[allow(clippy::too_many_arguments)]
+    fn defer_scan(
+        &self,
+        fragment: &Fragment,
+        parts: Vec<(String, Part)>,
+        total: u64,
+        columns: Option<&[String]>,
+        cost: Arc<Mutex<ReadCost>>,
+        started: Instant,
+        mut stats: Stats,
+    ) -> Result<Stats> {
         let mut schema: Option<SchemaRef> = None;
         let mut sources: Vec<Reopen> = Vec::with_capacity(parts.len());
         let cols: Option<Vec<String>> = columns.map(<[String]>::to_vec);
@@ -168,22 +195,19 @@ impl Node {
         stats.io_s += cost.time.as_secs_f64();
         stats.bytes_read += cost.bytes();
         stats.compute_s += started.elapsed().saturating_sub(cost.time).as_secs_f64();
-        Ok(Some(stats))
+        Ok(stats)
     }
 
-    /// The fragment's inputs as streams when they are larger than the
-    /// node's memory in all; `None` when they fit (the caller loads them).
-    pub(super) fn streamed_inputs(
+    /// The fragment's inputs, found by [`Node::input_parts`], as one
+    /// stream of blocks.
+    fn streamed_inputs(
         &self,
         fragment: &Fragment,
+        parts: Vec<(String, Part)>,
         columns: Option<&[String]>,
+        cost: Arc<Mutex<ReadCost>>,
         stats: &mut Stats,
-    ) -> Result<Option<Streamed>> {
-        let cost = Arc::new(Mutex::new(ReadCost::default()));
-        let (parts, total) = self.input_parts(fragment, columns, &cost)?;
-        if !self.streams(&parts, total) {
-            return Ok(None);
-        }
+    ) -> Result<Streamed> {
         let mut schema: Option<SchemaRef> = None;
         let mut blocks: Vec<BatchIter> = Vec::with_capacity(parts.len());
         for (name, part) in parts {
@@ -199,18 +223,18 @@ impl Node {
             same_columns(&mut schema, &s, &name, fragment)?;
             blocks.push(b);
         }
-        Ok(Some(Streamed {
+        Ok(Streamed {
             schema: schema.expect("one input at least"),
             blocks: Box::new(blocks.into_iter().flatten()),
             cost,
-        }))
+        })
     }
 
     /// Runs `fragment` over `inputs` within the node's memory and writes
     /// its output to the device as it comes (see the module docs).
     /// `started` is when opening the inputs began (their checksum pass is
     /// I/O time, the rest since then compute).
-    pub(super) async fn run_bounded(
+    async fn run_bounded(
         &self,
         fragment: &Fragment,
         inputs: Streamed,

@@ -397,11 +397,11 @@ impl Node {
         }
         let needed = fragment.primitive.input_columns();
         let started = Instant::now();
-        if let Some(stats) = self.defer_scan(fragment, needed.as_deref(), started, stats)? {
+        if let Some(stats) = self
+            .run_streamed(fragment, needed.as_deref(), started, stats)
+            .await?
+        {
             return Ok(stats);
-        }
-        if let Some(inputs) = self.streamed_inputs(fragment, needed.as_deref(), &mut stats)? {
-            return self.run_bounded(fragment, inputs, started, stats).await;
         }
         let (schema, mut batches) =
             self.load_table(&fragment.input, needed.as_deref(), &mut stats)?;
