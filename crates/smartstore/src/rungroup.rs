@@ -17,10 +17,15 @@
 //! runs split across batches, still group correctly), and returns one
 //! dense `UInt32` id per row. The caller then lets DataFusion aggregate by
 //! that single primitive column (its fast primitive group values) and takes
-//! the key values back by id. [`group_ids`] declines (returns `None`, and
-//! the caller hashes the keys as before) when the runs are short, that is
-//! when the input is not clustered by its keys: then there is nothing to
-//! gain from runs.
+//! the key values back by id.
+//!
+//! When the runs are short, that is when the input is not clustered by its
+//! keys (an aggregation reading a deferred Sort's input unsorted, see
+//! [`crate::ops::bounded::ignores_order`]), and every key is a small
+//! dictionary without nulls (Q1's flags), the ids come from the
+//! dictionary keys instead ([`ids_by_codes`]): a row's keys combine into
+//! one small integer code, looked up in a table. Otherwise [`group_ids`]
+//! declines (returns `None`, and the caller hashes the keys as before).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -60,13 +65,12 @@ pub fn group_ids(batches: &[RecordBatch], keys: &[usize]) -> Result<Option<Group
     if keys.is_empty() || rows == 0 || rows > u32::MAX as usize {
         return Ok(None);
     }
-    let max_runs = (rows / MIN_MEAN_RUN).max(1);
     let fields: Vec<SortField> = keys
         .iter()
         .map(|&k| SortField::new(batches[0].schema().field(k).data_type().clone()))
         .collect();
     let converter = RowConverter::new(fields)?;
-    let mut runs = 0usize;
+    let (mut runs, mut seen) = (0usize, 0usize);
     let mut id_of: HashMap<Box<[u8]>, u32> = HashMap::new();
     // (batch, row) of each group's first row, in id order.
     let mut first: Vec<(usize, usize)> = Vec::new();
@@ -91,8 +95,11 @@ pub fn group_ids(batches: &[RecordBatch], keys: &[usize]) -> Result<Option<Group
             .collect();
         let ranges = partition(&compared)?.ranges();
         runs += ranges.len();
-        if runs > max_runs {
-            return Ok(None);
+        seen += batch.num_rows();
+        // Decided by the rows so far, so unclustered input is found by
+        // its first batch.
+        if runs > (seen / MIN_MEAN_RUN).max(1) {
+            return ids_by_codes(batches, keys, &converter);
         }
         let starts = UInt32Array::from_iter_values(ranges.iter().map(|r| r.start as u32));
         let heads: Vec<ArrayRef> = keys
@@ -114,14 +121,95 @@ pub fn group_ids(batches: &[RecordBatch], keys: &[usize]) -> Result<Option<Group
         debug_assert_eq!(column.len(), batch.num_rows());
         ids.push(Arc::new(UInt32Array::from(column)) as ArrayRef);
     }
+    with_keys(batches, keys, ids, &first).map(Some)
+}
+
+/// Most combinations of dictionary keys [`ids_by_codes`] tabulates for
+/// one batch (the product of its key columns' dictionary sizes).
+pub const MAX_CODES: usize = 1 << 16;
+
+/// Group ids for input not clustered by its keys, when every key column
+/// is dictionary-encoded without nulls and their dictionaries are small
+/// (Q1's flags, read in the order they are stored): a row's keys in its
+/// batch's dictionaries combine into one code (`key_0 + key_1 * size_0 +
+/// ...`), and a table from code to id, filled the first time each code
+/// appears, gives the row its id. Only a code's first row is encoded
+/// (arrow's row format) to find the id its key values already have, so
+/// equal values under different dictionaries, or twice in one, share a
+/// group. `None` when a key is not a dictionary, has nulls, or the
+/// dictionaries hold more than [`MAX_CODES`] combinations.
+fn ids_by_codes(
+    batches: &[RecordBatch],
+    keys: &[usize],
+    converter: &RowConverter,
+) -> Result<Option<GroupIds>> {
+    let mut id_of: HashMap<Box<[u8]>, u32> = HashMap::new();
+    let mut first: Vec<(usize, usize)> = Vec::new();
+    let mut ids = Vec::with_capacity(batches.len());
+    for (b, batch) in batches.iter().enumerate() {
+        let mut codes = vec![0usize; batch.num_rows()];
+        let mut combinations = 1usize;
+        for &k in keys {
+            let column = batch.column(k);
+            let Some(dict) = column.as_any_dictionary_opt() else {
+                return Ok(None);
+            };
+            if column.logical_null_count() > 0 {
+                return Ok(None);
+            }
+            for (code, key) in codes.iter_mut().zip(dict.normalized_keys()) {
+                *code += key * combinations;
+            }
+            combinations = match combinations.checked_mul(dict.values().len()) {
+                Some(c) if c <= MAX_CODES => c,
+                _ => return Ok(None),
+            };
+        }
+        let mut id_of_code = vec![u32::MAX; combinations];
+        let mut column = Vec::with_capacity(batch.num_rows());
+        for (row, &code) in codes.iter().enumerate() {
+            let mut id = id_of_code[code];
+            if id == u32::MAX {
+                let heads: Vec<ArrayRef> = keys
+                    .iter()
+                    .map(|&k| batch.column(k).slice(row, 1))
+                    .collect();
+                let encoded = converter.convert_columns(&heads)?;
+                let next = first.len() as u32;
+                id = *id_of
+                    .entry(encoded.row(0).as_ref().into())
+                    .or_insert_with(|| {
+                        first.push((b, row));
+                        next
+                    });
+                id_of_code[code] = id;
+            }
+            column.push(id);
+        }
+        ids.push(Arc::new(UInt32Array::from(column)) as ArrayRef);
+    }
+    if first.is_empty() {
+        return Ok(None);
+    }
+    with_keys(batches, keys, ids, &first).map(Some)
+}
+
+/// The groups' key values taken from each group's first row (`first`:
+/// (batch, row) in id order), with the rows' ids.
+fn with_keys(
+    batches: &[RecordBatch],
+    keys: &[usize],
+    ids: Vec<ArrayRef>,
+    first: &[(usize, usize)],
+) -> Result<GroupIds> {
     let keys = keys
         .iter()
         .map(|&k| {
             let columns: Vec<&dyn Array> = batches.iter().map(|b| b.column(k).as_ref()).collect();
-            interleave(&columns, &first)
+            interleave(&columns, first)
         })
         .collect::<std::result::Result<Vec<_>, _>>()?;
-    Ok(Some(GroupIds { ids, keys }))
+    Ok(GroupIds { ids, keys })
 }
 
 #[cfg(test)]
@@ -217,9 +305,60 @@ mod tests {
     }
 
     #[test]
-    fn unclustered_keys_are_declined() {
+    fn unclustered_dictionary_keys_are_grouped_by_their_codes_across_dictionaries() {
         let flags: Vec<&str> = (0..64).map(|i| ["A", "N"][i % 2]).collect();
-        let b = batch(&flags, &[0; 64], &["A", "N"]);
+        let a = batch(&flags, &[0; 64], &["A", "N"]);
+        // The same values under the other order of keys, and a dictionary
+        // naming "A" twice.
+        let b = batch(&flags, &[0; 64], &["N", "A"]);
+        let c = {
+            let d = DictionaryArray::<Int8Type>::try_new(
+                (0..64)
+                    .map(|i| [0i8, 2, 1][i % 3])
+                    .collect::<Vec<_>>()
+                    .into(),
+                Arc::new(StringArray::from(vec!["A", "N", "A"])),
+            )
+            .unwrap();
+            RecordBatch::try_new(
+                a.schema(),
+                vec![Arc::new(d), Arc::new(Int64Array::from(vec![0i64; 64]))],
+            )
+            .unwrap()
+        };
+        let g = group_ids(&[a, b, c], &[0]).unwrap().unwrap();
+        assert_eq!(g.groups(), 2);
+        assert_eq!(key_strings(&g), ["A", "N"]);
+        let alternating: Vec<u32> = (0..64).map(|i| (i % 2) as u32).collect();
+        let third: Vec<u32> = (0..64).map(|i| [0, 0, 1][i % 3]).collect();
+        assert_eq!(ids(&g), vec![alternating.clone(), alternating, third]);
+    }
+
+    #[test]
+    fn unclustered_keys_that_are_not_small_dictionaries_are_declined() {
+        let plain = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
+        let b = RecordBatch::try_new(
+            plain,
+            vec![Arc::new(Int64Array::from_iter_values(
+                (0..64).map(|i| i % 2),
+            ))],
+        )
+        .unwrap();
+        assert!(group_ids(&[b], &[0]).unwrap().is_none());
+        // A dictionary with a null key.
+        let d = DictionaryArray::<Int8Type>::try_new(
+            (0..64)
+                .map(|i| (i % 3 != 0).then_some((i % 2) as i8))
+                .collect::<arrow::array::Int8Array>(),
+            Arc::new(StringArray::from(vec!["A", "N"])),
+        )
+        .unwrap();
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "f",
+            DataType::Dictionary(Box::new(DataType::Int8), Box::new(DataType::Utf8)),
+            true,
+        )]));
+        let b = RecordBatch::try_new(schema, vec![Arc::new(d)]).unwrap();
         assert!(group_ids(&[b], &[0]).unwrap().is_none());
     }
 

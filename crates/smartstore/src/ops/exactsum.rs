@@ -286,12 +286,21 @@ fn eval_i64<'a>(x: &Scaled, batch: &'a RecordBatch) -> Option<Vals<'a>> {
     }
 }
 
+/// Runs shorter than this on average are added row by row
+/// ([`add_rows`]), not a run at a time.
+const MIN_MEAN_RUN: usize = 8;
+
 /// The runs of equal group ids in a row block: (group, first row, end).
 /// The Sort leaves whole batches in one group, so this is one run or two.
-fn runs(ids: &[u32]) -> Vec<(usize, usize, usize)> {
+/// `None` when there are more than `at_most` (rows not clustered by group:
+/// an aggregation reading a deferred Sort's input unsorted).
+fn runs(ids: &[u32], at_most: usize) -> Option<Vec<(usize, usize, usize)>> {
     let mut out = Vec::new();
     let mut at = 0;
     while at < ids.len() {
+        if out.len() == at_most {
+            return None;
+        }
         let g = ids[at];
         let end = ids[at..]
             .iter()
@@ -300,14 +309,79 @@ fn runs(ids: &[u32]) -> Vec<(usize, usize, usize)> {
         out.push((g as usize, at, end));
         at = end;
     }
-    out
+    Some(out)
+}
+
+/// Up to this many groups, [`add_rows`] makes a vectorized pass per group.
+const MASKED_GROUPS: usize = 8;
+
+/// Adds `values` of rows with group ids `ids` into `sums`, row by row: in
+/// 64-bit partial sums per group when they cannot overflow
+/// ([`sums_fit_i64`]), else in 128 bits.
+fn add_rows(ids: &[u32], values: &Vals, sums: &mut [i128]) {
+    let values = match values {
+        Vals::Scalar(v) => {
+            let mut n = vec![0i64; sums.len()];
+            if sums.len() <= MASKED_GROUPS {
+                for (g, n) in n.iter_mut().enumerate() {
+                    *n = ids.iter().filter(|&&i| i == g as u32).count() as i64;
+                }
+            } else {
+                for &g in ids {
+                    n[g as usize] += 1;
+                }
+            }
+            for (s, n) in sums.iter_mut().zip(n) {
+                *s += i128::from(*v) * i128::from(n);
+            }
+            return;
+        }
+        v => slice(v),
+    };
+    if sums_fit_i64(values) {
+        if sums.len() <= MASKED_GROUPS {
+            // A pass per group, adding the values whose id is the group's:
+            // a loop the compiler vectorizes, where a scatter would wait
+            // on the last store to the same group's sum.
+            for (g, s) in sums.iter_mut().enumerate() {
+                let g = g as u32;
+                *s += i128::from(ids.iter().zip(values).fold(0i64, |a, (&i, &x)| {
+                    a.wrapping_add(if i == g { x } else { 0 })
+                }));
+            }
+            return;
+        }
+        let mut partial = vec![0i64; sums.len()];
+        for (&g, &x) in ids.iter().zip(values) {
+            partial[g as usize] += x;
+        }
+        for (s, p) in sums.iter_mut().zip(partial) {
+            *s += i128::from(p);
+        }
+    } else {
+        for (&g, &x) in ids.iter().zip(values) {
+            sums[g as usize] += i128::from(x);
+        }
+    }
+}
+
+/// Whether any sum of values of `v` fits 64 bits: every value lies in
+/// `[-b, b)` for a power of two `b` with `b * len <= 2^62`. Tested as
+/// `x + b < 2b` on the values' bits, ORed together: adds and ORs a loop
+/// the compiler vectorizes (the largest magnitude is a 64-bit unsigned
+/// maximum, which SSE2 has no instruction for).
+fn sums_fit_i64(v: &[i64]) -> bool {
+    let Some(bits) = 62u32.checked_sub(v.len().next_power_of_two().trailing_zeros()) else {
+        return false;
+    };
+    let b = 1u64 << bits;
+    v.iter().fold(0u64, |a, &x| a | (x as u64).wrapping_add(b)) < 2 * b
 }
 
 /// The exact sum of `v`: in 64 bits (a loop the compiler vectorizes) when
-/// the largest magnitude times the count cannot overflow, else in 128.
+/// no sum of its values can overflow them ([`sums_fit_i64`]), else in 128.
 fn sum_exact(v: &[i64]) -> i128 {
-    let largest = v.iter().map(|x| x.unsigned_abs()).max().unwrap_or(0);
-    if u128::from(largest) * (v.len() as u128) < 1u128 << 63 {
+    if sums_fit_i64(v) {
         v.iter().fold(0i64, |a, &x| a.wrapping_add(x)) as i128
     } else {
         v.iter().map(|&x| i128::from(x)).sum()
@@ -476,13 +550,17 @@ pub fn aggregate(
     let mut counts = vec![0i128; groups];
     for (batch, ids) in batches.iter().zip(ids) {
         let ids = ids.as_primitive::<arrow::datatypes::UInt32Type>().values();
-        let runs = runs(ids);
-        add_runs(&runs, &Vals::Scalar(1), &mut counts);
+        let runs = runs(ids, ids.len() / MIN_MEAN_RUN);
+        let add = |values: &Vals, sums: &mut [i128]| match &runs {
+            Some(runs) => add_runs(runs, values, sums),
+            None => add_rows(ids, values, sums),
+        };
+        add(&Vals::Scalar(1), &mut counts);
         for (plan, sum) in plans.iter().zip(sums.iter_mut()) {
             let Plan::Sum(arg) = plan else { continue };
             if let Some(values) = eval_i64(arg, batch) {
                 // At most 2^32 rows of values below 2^63: no overflow.
-                add_runs(&runs, &values, sum);
+                add(&values, sum);
                 continue;
             }
             let Some(values) = eval_i128(arg, batch) else {
@@ -568,6 +646,81 @@ mod tests {
         let got = out[0].as_primitive::<Decimal128Type>();
         // Group 0: (100-150)*150 + (100-1)*1 = -7401; group 1: 125*-25.
         assert_eq!(got.values().to_vec(), vec![-7401, -3125]);
+    }
+
+    #[test]
+    fn rows_not_clustered_by_group_sum_and_count_exactly_row_by_row() {
+        // Groups alternating every row (no runs), values small enough for
+        // 64-bit partial sums, and then large enough that only 128 bits
+        // hold their sum.
+        // Few groups (a pass per group) and many (a scatter).
+        let n = 1000usize;
+        for (groups, scale) in [
+            (3usize, 1i64),
+            (3, i64::MAX / 600),
+            (12, 1),
+            (12, i64::MAX / 600),
+        ] {
+            let ids_of: Vec<u32> = (0..n).map(|i| ((i * 7) % groups) as u32).collect();
+            let prices: Vec<i64> = (0..n as i64).map(|i| (i - 400) * scale).collect();
+            let b = batch(prices.iter().copied().map(Some).collect(), vec![0; n]);
+            let ids: ArrayRef = Arc::new(UInt32Array::from(ids_of.clone()));
+            let count = Aggregate {
+                func: AggFunc::Count,
+                arg: Value::col("price"),
+                name: "c".into(),
+            };
+            let out = aggregate(
+                &schema(),
+                &[b],
+                &[ids],
+                groups,
+                &[sum(Value::col("price")), count],
+                &[field(DataType::Decimal128(38, 2)), field(DataType::Int64)],
+            )
+            .unwrap()
+            .expect("exact arithmetic");
+            let mut want = vec![0i128; groups];
+            let mut counts = vec![0i64; groups];
+            for (&g, &p) in ids_of.iter().zip(&prices) {
+                want[g as usize] += i128::from(p);
+                counts[g as usize] += 1;
+            }
+            assert_eq!(
+                out[0].as_primitive::<Decimal128Type>().values().to_vec(),
+                want
+            );
+            assert_eq!(
+                out[1]
+                    .as_primitive::<arrow::datatypes::Int64Type>()
+                    .values()
+                    .to_vec(),
+                counts
+            );
+        }
+    }
+
+    #[test]
+    fn the_64_bit_test_admits_only_values_whose_sums_fit() {
+        assert!(sums_fit_i64(&[]));
+        // One value: within 2^62.
+        assert!(sums_fit_i64(&[i64::MAX / 2]));
+        assert!(sums_fit_i64(&[-(1 << 62)]));
+        assert!(!sums_fit_i64(&[1 << 62]));
+        // Two: within 2^61.
+        assert!(!sums_fit_i64(&[i64::MAX / 2, 0]));
+        assert!(sums_fit_i64(&[(1 << 61) - 1, -(1 << 61)]));
+        // 1024 values: each within 2^52.
+        let mut v = vec![(1i64 << 52) - 1; 1024];
+        assert!(sums_fit_i64(&v));
+        assert!(v.iter().map(|&x| i128::from(x)).sum::<i128>() < i128::from(i64::MAX));
+        v[7] = 1 << 52;
+        assert!(!sums_fit_i64(&v));
+        v[7] = -(1 << 52);
+        assert!(sums_fit_i64(&v));
+        v[7] = -(1 << 52) - 1;
+        assert!(!sums_fit_i64(&v));
+        assert!(!sums_fit_i64(&[i64::MIN]));
     }
 
     #[test]
