@@ -22,6 +22,18 @@
 //! query over a node's share of `lineitem` at scale factor 10 then moves
 //! no Scan output at all, where it wrote and read back about 250 MB.
 //!
+//! A Sort the query does not materialise is deferred the same way, over
+//! any inputs, held in memory or not ([`Spilled::deferred_sort`]). Its
+//! reader sorts as it reads, unless the reader's answer does not depend on
+//! the order of its rows ([`bounded::ignores_order`]: Q1's AggGrpSort,
+//! sums and counts of decimals grouped and sorted by their keys): then it
+//! reads the Sort's input as it comes and no row is sorted. With the Scan
+//! deferred as well, Q1 without checkpoints is one pass over `lineitem`
+//! per node, filtered and aggregated as it is read, in a node's 64 MB as
+//! in more. With checkpoints, every primitive's output is materialised and
+//! nothing is deferred: the paper's recovery points stay where it puts
+//! them.
+//!
 //! A fragment whose input fits runs as before ([`Node::run`]): loaded
 //! whole, with the in-memory primitives' speed; its working memory is up
 //! to about twice its input (input and output).
@@ -103,11 +115,12 @@ impl Node {
             || parts.iter().any(|(_, p)| matches!(p, Part::Spilled(_)))
     }
 
-    /// Runs `fragment` within the node's memory when its inputs are
-    /// larger than that (or one is spilled): defers it if it is a Scan
-    /// that may be deferred ([`Node::defer_scan`]), else streams its
-    /// inputs through it ([`Node::run_bounded`]). `None` when the inputs
-    /// fit: the caller loads them whole.
+    /// Defers `fragment` if it is a Sort, or a streaming Scan, whose output
+    /// the query does not materialise ([`Node::defer`]); else runs it
+    /// within the node's memory when its inputs are larger than that (or
+    /// one is spilled), streaming its inputs through it
+    /// ([`Node::run_bounded`]). `None` when neither: the inputs fit and
+    /// the caller loads them whole.
     pub(super) async fn run_streamed(
         &self,
         fragment: &Fragment,
@@ -117,16 +130,26 @@ impl Node {
     ) -> Result<Option<Stats>> {
         let cost = Arc::new(Mutex::new(ReadCost::default()));
         let (parts, total) = self.input_parts(fragment, columns, &cost)?;
-        if !self.streams(&parts, total) {
-            return Ok(None);
-        }
-        if !fragment.materialize
-            && matches!(fragment.primitive, Primitive::Scan { .. })
-            && !parts.iter().any(|(_, p)| matches!(p, Part::Held))
-        {
+        let streams = self.streams(&parts, total);
+        // A Sort is deferred whatever its inputs' size: its reader may not
+        // need it run at all. A Scan only when it streams over inputs not
+        // held in memory: over those it runs at once, as fast as its
+        // reader would run it.
+        let defers = !fragment.materialize
+            && match fragment.primitive {
+                Primitive::Sort { .. } => true,
+                Primitive::Scan { .. } => {
+                    streams && !parts.iter().any(|(_, p)| matches!(p, Part::Held))
+                }
+                _ => false,
+            };
+        if defers {
             return self
-                .defer_scan(fragment, parts, total, columns, cost, started, stats)
+                .defer(fragment, parts, total, columns, cost, started, stats)
                 .map(Some);
+        }
+        if !streams {
+            return Ok(None);
         }
         let inputs = self.streamed_inputs(fragment, parts, columns, cost, &mut stats)?;
         self.run_bounded(fragment, inputs, started, stats)
@@ -134,15 +157,17 @@ impl Node {
             .map(Some)
     }
 
-    /// Defers a Scan that streams and whose output the query does not
-    /// materialise, over inputs none of which is held in memory: its
-    /// output would only be spilled for the next primitive to read back
-    /// once, so the node keeps the Scan itself instead
-    /// ([`Spilled::deferred`]), over its inputs held open as they are now,
-    /// and the next primitive runs it as it reads. Returns the fragment's
+    /// Defers a Scan or a Sort that streams and whose output the query
+    /// does not materialise, over inputs none of which is held in memory:
+    /// its output would only be spilled for the next primitive to read
+    /// back once, so the node keeps the primitive itself instead
+    /// ([`Spilled::deferred`], [`Spilled::deferred_sort`]), over its
+    /// inputs held open as they are now, and the next primitive runs it as
+    /// it reads (or, for a Sort read by an aggregation that takes its rows
+    /// in any order, reads the input unsorted). Returns the fragment's
     /// stats.
     #[allow(clippy::too_many_arguments)]
-    fn defer_scan(
+    fn defer(
         &self,
         fragment: &Fragment,
         parts: Vec<(String, Part)>,
@@ -169,27 +194,40 @@ impl Node {
                     (r.schema().clone(), reopen)
                 }
                 Part::Spilled(sp) => {
-                    let s = match columns {
-                        Some(c) => Arc::new(sp.schema().project(&super::column_indices(
-                            sp.schema(),
-                            c,
-                            &name,
-                        )?)?),
-                        None => sp.schema().clone(),
-                    };
+                    let s = projected(&sp, &name, columns)?.0;
                     let (cols, name) = (cols.clone(), name.clone());
-                    let reopen: Reopen =
-                        Box::new(move |cost| Ok(project(&sp, &name, cols.as_deref(), cost)?.1));
+                    let reopen: Reopen = Box::new(move |cost| {
+                        Ok(project(&sp, &name, cols.as_deref(), cost, true)?.1)
+                    });
                     (s, reopen)
                 }
-                Part::Held => unreachable!("a held input runs the Scan now"),
+                // Held in memory: read from there (a Sort's input).
+                Part::Held => {
+                    let (s, b) = self.load_table(&name, columns, &mut stats)?;
+                    let b = Arc::new(b);
+                    let reopen: Reopen = Box::new(move |_| {
+                        let b = b.clone();
+                        Ok(Box::new((0..b.len()).map(move |i| Ok(b[i].clone()))) as BatchIter)
+                    });
+                    (s, reopen)
+                }
             };
             same_columns(&mut schema, &s, &name, fragment)?;
             sources.push(source);
         }
         let schema = schema.expect("one input at least");
-        let filter = ScanFilter::new(&fragment.primitive, &schema)?;
-        self.hold_spilled(&fragment.output, Spilled::deferred(filter, sources, total))?;
+        let deferred = match &fragment.primitive {
+            Primitive::Sort { keys } => {
+                let mem = self.work_memory();
+                Spilled::deferred_sort(schema, keys, sources, total, mem)?
+            }
+            _ => Spilled::deferred(
+                ScanFilter::new(&fragment.primitive, &schema)?,
+                sources,
+                total,
+            ),
+        };
+        self.hold_spilled(&fragment.output, deferred)?;
         let cost = std::mem::take(&mut *cost.lock());
         stats.io_real_s += cost.time.as_secs_f64();
         stats.io_s += cost.time.as_secs_f64();
@@ -210,10 +248,23 @@ impl Node {
     ) -> Result<Streamed> {
         let mut schema: Option<SchemaRef> = None;
         let mut blocks: Vec<BatchIter> = Vec::with_capacity(parts.len());
+        // A spilled input is read in any order (sorted runs one after
+        // another, a deferred Sort unsorted) when the order cannot change
+        // the answer.
+        let mut ordered = true;
+        for (name, part) in &parts {
+            let s = match part {
+                Part::Device(r) => r.schema().clone(),
+                Part::Spilled(sp) => projected(sp, name, columns)?.0,
+                Part::Held => continue,
+            };
+            ordered = !bounded::ignores_order(&fragment.primitive, &s)?;
+            break;
+        }
         for (name, part) in parts {
             let (s, b): (SchemaRef, BatchIter) = match part {
                 Part::Device(r) => (r.schema().clone(), Box::new(r)),
-                Part::Spilled(sp) => project(&sp, &name, columns, &cost)?,
+                Part::Spilled(sp) => project(&sp, &name, columns, &cost, ordered)?,
                 // Held in memory already: its blocks cost nothing more.
                 Part::Held => {
                     let (s, b) = self.load_table(&name, columns, stats)?;
@@ -241,10 +292,7 @@ impl Node {
         started: Instant,
         mut stats: Stats,
     ) -> Result<Stats> {
-        let mem = WorkMemory {
-            budget: self.inner.lock().budget,
-            spill_dir: self.dir.join(SPILL_DIR),
-        };
+        let mem = self.work_memory();
         let (schema, out) =
             bounded::run(&fragment.primitive, inputs.schema, inputs.blocks, &mem).await?;
         let mut writing = Duration::ZERO;
@@ -276,6 +324,15 @@ impl Node {
 }
 
 impl Node {
+    /// The working memory a primitive gets: the node's budget, spilling
+    /// to its `.spill` directory.
+    fn work_memory(&self) -> WorkMemory {
+        WorkMemory {
+            budget: self.inner.lock().budget,
+            spill_dir: self.dir.join(SPILL_DIR),
+        }
+    }
+
     /// Keeps output `name` as its spilled runs. Like a memory-only
     /// object, it replaces any older file of that name on the device.
     fn hold_spilled(&self, name: &str, runs: Spilled) -> Result<()> {
@@ -406,22 +463,42 @@ fn same_columns(
     }
 }
 
+/// The schema of spilled output `name` projected to `columns` (all when
+/// `None`), and the projected columns' indices.
+fn projected(
+    sp: &Spilled,
+    name: &str,
+    columns: Option<&[String]>,
+) -> Result<(SchemaRef, Option<Vec<usize>>)> {
+    let schema = sp.schema().clone();
+    let Some(cols) = columns else {
+        return Ok((schema, None));
+    };
+    let idx = super::column_indices(&schema, cols, name)?;
+    Ok((Arc::new(schema.project(&idx)?), Some(idx)))
+}
+
 /// The blocks of spilled output `name`, projected to `columns` (all when
-/// `None`); a deferred Scan's reads charged to `cost`.
+/// `None`), in order or, unless `ordered`, in any order
+/// ([`Spilled::blocks_in_any_order`]); a deferred primitive's reads
+/// charged to `cost`.
 fn project(
     sp: &Spilled,
     name: &str,
     columns: Option<&[String]>,
     cost: &Arc<Mutex<ReadCost>>,
+    ordered: bool,
 ) -> Result<(SchemaRef, BatchIter)> {
-    let schema = sp.schema().clone();
-    let Some(cols) = columns else {
-        return Ok((schema, sp.blocks_charged(cost)?));
+    let (schema, idx) = projected(sp, name, columns)?;
+    let blocks = if ordered {
+        sp.blocks_charged(cost)?
+    } else {
+        sp.blocks_in_any_order(cost)?
     };
-    let idx = super::column_indices(&schema, cols, name)?;
-    let out = Arc::new(schema.project(&idx)?);
-    let blocks = sp.blocks_charged(cost)?.map(move |b| Ok(b?.project(&idx)?));
-    Ok((out, Box::new(blocks)))
+    Ok(match idx {
+        None => (schema, blocks),
+        Some(idx) => (schema, Box::new(blocks.map(move |b| Ok(b?.project(&idx)?)))),
+    })
 }
 
 /// Removes spill files a process killed mid-primitive left in `dir`.

@@ -13,9 +13,10 @@
 //! - **Scan** filters and projects block by block
 //!   ([`super::scanfilter`]); it holds one block.
 //! - **Sort** is an external merge sort. The input is cut into chunks of a
-//!   quarter of the budget; each chunk is sorted in memory by
-//!   [`super::run`] (so Q1's dictionary keys still take the bucketed
-//!   [`crate::ranksort`]) and spilled as a sorted run, an Arrow IPC stream
+//!   quarter of the budget; each chunk is sorted in memory, stably (Q1's
+//!   dictionary keys by the bucketed [`crate::ranksort`], other keys by
+//!   arrow's row format, with no task or plan) and spilled as a sorted
+//!   run, an Arrow IPC stream
 //!   file in the spill directory, its integer-backed columns narrowed to
 //!   the chunk's range ([`crate::codec::narrow`], widened bit-exact when
 //!   read) and its batches [`RUN_BATCH_ROWS`] long. The runs are then
@@ -37,6 +38,12 @@
 //!   where it can, its aggregation state there; an aggregation whose
 //!   groups cannot fit and cannot spill is refused with DataFusion's
 //!   "resources exhausted" error, never answered wrong).
+//!
+//! A Sort need not run where it is asked for: [`Spilled::deferred_sort`]
+//! keeps its input and keys, and its reader sorts as it reads, or, when
+//! the reader's answer does not depend on the order of its rows
+//! ([`ignores_order`]), reads the input unsorted
+//! ([`Spilled::blocks_in_any_order`]).
 //!
 //! The budget bounds what these steps hold; a node adds its runtime, one
 //! read chunk per input column ([`crate::columnar::READ_CHUNK`]) and one
@@ -127,7 +134,18 @@ pub async fn run(
             let blocks = input.map(move |b| filter.apply(&b?));
             Ok((out, Output::Stream(futures::stream::iter(blocks).boxed())))
         }
-        Primitive::Sort { keys } => sort(schema, keys, input, mem).await,
+        Primitive::Sort { keys } => {
+            let (schema, sorted) = sort(schema, keys, input, mem)?;
+            Ok((
+                schema,
+                match sorted {
+                    Sorted::Whole(b) => {
+                        Output::Stream(futures::stream::iter(b.into_iter().map(Ok)).boxed())
+                    }
+                    Sorted::Runs(runs) => Output::Spilled(runs),
+                },
+            ))
+        }
         Primitive::AggGrpSort {
             group_by,
             aggregates,
@@ -328,16 +346,13 @@ impl PartitionStream for OneShot {
 }
 
 /// The Sort primitive as an external merge sort (see the module docs).
-async fn sort(
+fn sort(
     schema: SchemaRef,
     keys: &[SortKey],
     input: BatchIter,
     mem: &WorkMemory,
-) -> Result<(SchemaRef, Output)> {
+) -> Result<(SchemaRef, Sorted)> {
     let order = Order::new(&schema, keys)?;
-    let chunk_sort = Primitive::Sort {
-        keys: keys.to_vec(),
-    };
     let chunk_bytes = (mem.budget / CHUNKS_PER_BUDGET).max(1);
     let mut runs = Vec::new();
     let (mut rows, mut total) = (0u64, 0u64);
@@ -352,8 +367,7 @@ async fn sort(
         rows += b.num_rows() as u64;
         chunk.push(b);
         if bytes >= chunk_bytes {
-            let (_, sorted) =
-                super::run(&chunk_sort, schema.clone(), std::mem::take(&mut chunk)).await?;
+            let sorted = order.sort_chunk(&schema, &std::mem::take(&mut chunk))?;
             runs.push(Run::write_narrowed(&mem.spill_dir, &schema, &sorted)?);
             total += bytes as u64;
             bytes = 0;
@@ -362,14 +376,11 @@ async fn sort(
     let last = if chunk.is_empty() {
         Vec::new()
     } else {
-        super::run(&chunk_sort, schema.clone(), chunk).await?.1
+        order.sort_chunk(&schema, &chunk)?
     };
     if runs.is_empty() {
         // It fit one chunk: nothing was spilled.
-        return Ok((
-            schema,
-            Output::Stream(futures::stream::iter(last.into_iter().map(Ok)).boxed()),
-        ));
+        return Ok((schema, Sorted::Whole(last)));
     }
     total += bytes as u64;
     if !last.is_empty() {
@@ -385,7 +396,14 @@ async fn sort(
         rows,
         bytes: total,
     };
-    Ok((schema, Output::Spilled(spilled)))
+    Ok((schema, Sorted::Runs(spilled)))
+}
+
+/// What the external sort produced: its input sorted in memory when it
+/// fit one chunk, else sorted runs to merge.
+enum Sorted {
+    Whole(Vec<RecordBatch>),
+    Runs(Spilled),
 }
 
 /// Merges groups of adjacent `runs` into longer runs while there are
@@ -425,12 +443,14 @@ fn fewer_runs(
 struct Order {
     columns: Vec<usize>,
     fields: Vec<SortField>,
+    descending: Vec<bool>,
 }
 
 impl Order {
     fn new(schema: &SchemaRef, keys: &[SortKey]) -> Result<Order> {
         let mut columns = Vec::with_capacity(keys.len());
         let mut fields = Vec::with_capacity(keys.len());
+        let descending = keys.iter().map(|k| k.descending).collect();
         for k in keys {
             let i = schema
                 .index_of(&k.column)
@@ -445,7 +465,11 @@ impl Order {
                 },
             ));
         }
-        Ok(Order { columns, fields })
+        Ok(Order {
+            columns,
+            fields,
+            descending,
+        })
     }
 
     fn converter(&self) -> Result<RowConverter> {
@@ -455,6 +479,39 @@ impl Order {
     fn rows(&self, converter: &RowConverter, b: &RecordBatch) -> Result<Rows> {
         let cols: Vec<_> = self.columns.iter().map(|&i| b.column(i).clone()).collect();
         Ok(converter.convert_columns(&cols)?)
+    }
+
+    /// A chunk sorted stably, in batches of [`BATCH_ROWS`]: by the
+    /// bucketed [`crate::ranksort`] where it applies (Q1's dictionary
+    /// keys), else by the keys' row format, the row's place in the chunk
+    /// breaking ties.
+    fn sort_chunk(&self, schema: &SchemaRef, chunk: &[RecordBatch]) -> Result<Vec<RecordBatch>> {
+        let keys: Vec<crate::ranksort::Key> = self
+            .columns
+            .iter()
+            .zip(&self.descending)
+            .map(|(&column, &descending)| crate::ranksort::Key { column, descending })
+            .collect();
+        if let Some(sorted) = crate::ranksort::sort(schema, chunk, &keys, BATCH_ROWS)? {
+            return Ok(sorted);
+        }
+        let all = concat_batches(schema, chunk)?;
+        let rows = self.rows(&self.converter()?, &all)?;
+        let mut order: Vec<u32> = (0..all.num_rows() as u32).collect();
+        // `sort_by` is stable.
+        order.sort_by(|&a, &b| rows.row(a as usize).cmp(&rows.row(b as usize)));
+        let order = arrow::array::UInt32Array::from(order);
+        let mut out = Vec::with_capacity(all.num_rows().div_ceil(BATCH_ROWS));
+        let mut at = 0;
+        while at < order.len() {
+            let len = BATCH_ROWS.min(order.len() - at);
+            out.push(arrow::compute::take_record_batch(
+                &all,
+                &order.slice(at, len),
+            )?);
+            at += len;
+        }
+        Ok(out)
     }
 }
 
@@ -670,12 +727,18 @@ enum Form {
         runs: Vec<Arc<Run>>,
         order: Option<Order>,
     },
-    /// A Scan run by whoever reads it, over its sources as they were when
-    /// it was deferred.
-    Scan {
-        sources: Vec<Reopen>,
-        filter: ScanFilter,
-    },
+    /// A Scan or a Sort run by whoever reads it, over its sources as they
+    /// were when it was deferred.
+    Deferred { sources: Vec<Reopen>, step: Step },
+}
+
+/// The primitive a deferred output runs when it is read.
+enum Step {
+    /// Filter and project each block.
+    Scan(ScanFilter),
+    /// Sort the whole input (an external sort within `mem`), unless the
+    /// reader takes its rows in any order.
+    Sort { keys: Vec<SortKey>, mem: WorkMemory },
 }
 
 /// A deferred Scan's source: its row blocks, from the start, each time it
@@ -687,7 +750,14 @@ impl std::fmt::Debug for Spilled {
         let mut d = f.debug_struct("Spilled");
         match &self.form {
             Form::Runs { runs, .. } => d.field("runs", &runs.len()),
-            Form::Scan { sources, .. } => d.field("deferred scan over", &sources.len()),
+            Form::Deferred {
+                sources,
+                step: Step::Scan(_),
+            } => d.field("deferred scan over", &sources.len()),
+            Form::Deferred {
+                sources,
+                step: Step::Sort { .. },
+            } => d.field("deferred sort over", &sources.len()),
         };
         d.field("rows", &self.rows).finish_non_exhaustive()
     }
@@ -704,15 +774,46 @@ impl Spilled {
     pub fn deferred(filter: ScanFilter, sources: Vec<Reopen>, bytes: u64) -> Spilled {
         Spilled {
             schema: filter.schema().clone(),
-            form: Form::Scan { sources, filter },
+            form: Form::Deferred {
+                sources,
+                step: Step::Scan(filter),
+            },
             rows: 0,
             bytes,
         }
     }
 
-    /// Whether this is a Scan not run yet.
+    /// A Sort whose output would only be spilled and read once, kept as
+    /// its `sources` (of `schema`) and `keys`: the reader sorts as it reads
+    /// ([`Spilled::blocks`], an external sort within `mem`), or, when it
+    /// takes rows in any order ([`ignores_order`]), reads the sources as
+    /// they are ([`Spilled::blocks_in_any_order`]) and no row is sorted.
+    /// `bytes` is the input's size. Fails on a key the schema lacks.
+    pub fn deferred_sort(
+        schema: SchemaRef,
+        keys: &[SortKey],
+        sources: Vec<Reopen>,
+        bytes: u64,
+        mem: WorkMemory,
+    ) -> Result<Spilled> {
+        Order::new(&schema, keys)?;
+        Ok(Spilled {
+            schema,
+            form: Form::Deferred {
+                sources,
+                step: Step::Sort {
+                    keys: keys.to_vec(),
+                    mem,
+                },
+            },
+            rows: 0,
+            bytes,
+        })
+    }
+
+    /// Whether this is a primitive not run yet.
     pub fn is_deferred(&self) -> bool {
-        matches!(self.form, Form::Scan { .. })
+        matches!(self.form, Form::Deferred { .. })
     }
 
     /// The output's schema.
@@ -720,36 +821,41 @@ impl Spilled {
         &self.schema
     }
 
-    /// Its rows (0 for a deferred Scan: not known until it runs).
+    /// Its rows (0 when deferred: not known until it runs).
     pub fn rows(&self) -> u64 {
         self.rows
     }
 
-    /// Bytes of its rows' data (as they would be in memory); for a
-    /// deferred Scan, of its input.
+    /// Bytes of its rows' data (as they would be in memory); when
+    /// deferred, of its input.
     pub fn bytes(&self) -> u64 {
         self.bytes
     }
 
     /// Its row blocks, in order (a merge of sorted runs, or a deferred
-    /// Scan run).
+    /// primitive run).
     pub fn blocks(&self) -> Result<BatchIter> {
         self.blocks_charged(&Arc::new(Mutex::new(ReadCost::default())))
     }
 
-    /// [`Spilled::blocks`], a deferred Scan's reads charged to `cost`.
+    /// [`Spilled::blocks`], a deferred primitive's reads charged to `cost`.
     pub fn blocks_charged(&self, cost: &Arc<Mutex<ReadCost>>) -> Result<BatchIter> {
         let (runs, order) = match &self.form {
             Form::Runs { runs, order } => (runs, order),
-            Form::Scan { sources, filter } => {
-                let inputs = sources
-                    .iter()
-                    .map(|open| open(cost))
-                    .collect::<Result<Vec<_>>>()?;
-                let filter = filter.clone();
-                return Ok(Box::new(
-                    inputs.into_iter().flatten().map(move |b| filter.apply(&b?)),
-                ));
+            Form::Deferred { sources, step } => {
+                let input = Self::open_sources(sources, cost)?;
+                return match step {
+                    Step::Scan(filter) => {
+                        let filter = filter.clone();
+                        Ok(Box::new(input.map(move |b| filter.apply(&b?))))
+                    }
+                    Step::Sort { keys, mem } => {
+                        match sort(self.schema.clone(), keys, input, mem)?.1 {
+                            Sorted::Whole(b) => Ok(Box::new(b.into_iter().map(Ok))),
+                            Sorted::Runs(runs) => runs.blocks(),
+                        }
+                    }
+                };
             }
         };
         if let Some(order) = order
@@ -761,8 +867,38 @@ impl Spilled {
                 runs.clone(),
             )?));
         }
-        let runs = runs.clone();
-        Ok(Box::new(
+        Ok(Self::runs_in_turn(runs))
+    }
+
+    /// All its rows, in an order that may not be [`Spilled::blocks`]'s:
+    /// sorted runs read one after the other instead of merged, a deferred
+    /// Sort's input as it comes instead of sorted. For a reader whose
+    /// answer does not depend on the order of its input
+    /// ([`ignores_order`]).
+    pub fn blocks_in_any_order(&self, cost: &Arc<Mutex<ReadCost>>) -> Result<BatchIter> {
+        match &self.form {
+            Form::Runs { runs, .. } => Ok(Self::runs_in_turn(runs)),
+            Form::Deferred {
+                sources,
+                step: Step::Sort { .. },
+            } => Self::open_sources(sources, cost),
+            Form::Deferred { .. } => self.blocks_charged(cost),
+        }
+    }
+
+    /// A deferred primitive's sources' blocks, one source after another.
+    fn open_sources(sources: &[Reopen], cost: &Arc<Mutex<ReadCost>>) -> Result<BatchIter> {
+        let inputs = sources
+            .iter()
+            .map(|open| open(cost))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Box::new(inputs.into_iter().flatten()))
+    }
+
+    /// The batches of `runs`, one run after another.
+    fn runs_in_turn(runs: &[Arc<Run>]) -> BatchIter {
+        let runs = runs.to_vec();
+        Box::new(
             runs.into_iter()
                 .map(|r| read_run(&r).map(|it| (r, it)))
                 .flat_map(|opened| -> BatchIter {
@@ -774,8 +910,32 @@ impl Spilled {
                         Err(e) => Box::new(std::iter::once(Err(e))),
                     }
                 }),
-        ))
+        )
     }
+}
+
+/// Whether `primitive`'s answer over input of `schema` is the same
+/// whatever the order of its input rows: an AggGrpSort whose aggregates
+/// are counts, and sums, minima and maxima of values that are not floating
+/// point (whose sums depend on the order they are added in). Its output
+/// is sorted by its group keys either way. Such a reader of a deferred
+/// Sort skips the sort ([`Spilled::blocks_in_any_order`]).
+pub fn ignores_order(primitive: &Primitive, schema: &SchemaRef) -> Result<bool> {
+    let Primitive::AggGrpSort {
+        group_by,
+        aggregates,
+    } = primitive
+    else {
+        return Ok(false);
+    };
+    if aggregates.iter().any(|a| a.func == AggFunc::Avg) {
+        return Ok(false);
+    }
+    let out = super::agg_schema(schema, group_by, aggregates)?;
+    Ok(aggregates
+        .iter()
+        .zip(&out.fields()[group_by.len()..])
+        .all(|(a, f)| a.func == AggFunc::Count || !f.data_type().is_floating()))
 }
 
 /// A reader of a run's batches.
@@ -1329,6 +1489,94 @@ mod tests {
         assert!(e.contains("outgrow the node's working memory"), "{e}");
     }
 
+    #[test]
+    fn only_exact_combining_aggregations_ignore_the_order_of_their_input() {
+        let (schema, _) = q1_like(1, 10);
+        let agg = |func: AggFunc, column: &str| Primitive::AggGrpSort {
+            group_by: vec!["flag".into()],
+            aggregates: vec![Aggregate {
+                func,
+                arg: Value::col(column),
+                name: "a".into(),
+            }],
+        };
+        for func in [AggFunc::Sum, AggFunc::Count, AggFunc::Min, AggFunc::Max] {
+            assert!(
+                ignores_order(&agg(func, "price"), &schema).unwrap(),
+                "{func:?}"
+            );
+        }
+        assert!(!ignores_order(&agg(AggFunc::Avg, "price"), &schema).unwrap());
+        assert!(!ignores_order(&Primitive::Sort { keys: sort_keys() }, &schema).unwrap());
+        // Floating point sums depend on the order they are added in.
+        let floats = Arc::new(Schema::new(vec![
+            Field::new("flag", DataType::Utf8, false),
+            Field::new("x", DataType::Float64, false),
+        ]));
+        assert!(!ignores_order(&agg(AggFunc::Sum, "x"), &floats).unwrap());
+        assert!(!ignores_order(&agg(AggFunc::Min, "x"), &floats).unwrap());
+        assert!(ignores_order(&agg(AggFunc::Count, "x"), &floats).unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_deferred_sort_is_sorted_when_read_in_order_and_its_input_as_it_came_otherwise() {
+        let (schema, batches) = q1_like(12, 3000);
+        let sort = Primitive::Sort { keys: sort_keys() };
+        let (_, want) = crate::ops::run(&sort, schema.clone(), batches.clone())
+            .await
+            .unwrap();
+        let d = tempfile::tempdir().unwrap();
+        let halves = [batches[..6].to_vec(), batches[6..].to_vec()];
+        let sources: Vec<Reopen> = halves
+            .into_iter()
+            .map(|h| -> Reopen { Box::new(move |_| Ok(input(h.clone()))) })
+            .collect();
+        let bytes = batches.iter().map(|b| data_bytes(b) as u64).sum();
+        // A budget of a few batches: reading it in order is an external sort.
+        let deferred = Spilled::deferred_sort(
+            schema.clone(),
+            &sort_keys(),
+            sources,
+            bytes,
+            mem(d.path(), 100_000),
+        )
+        .unwrap();
+        assert!(deferred.is_deferred());
+        assert_eq!(left_in(d.path()), 0, "deferring writes nothing");
+        let cost = Arc::new(Mutex::new(ReadCost::default()));
+        let any: Vec<RecordBatch> = deferred
+            .blocks_in_any_order(&cost)
+            .unwrap()
+            .collect::<Result<_>>()
+            .unwrap();
+        assert_eq!(
+            keyed_rows(&any),
+            keyed_rows(&batches),
+            "the input as it came"
+        );
+        assert_eq!(left_in(d.path()), 0, "nothing sorted, nothing spilled");
+        let sorted: Vec<RecordBatch> = deferred.blocks().unwrap().collect::<Result<_>>().unwrap();
+        assert_eq!(keyed_rows(&sorted), keyed_rows(&want));
+        assert_eq!(
+            left_in(d.path()),
+            0,
+            "the runs are removed with their reader"
+        );
+        // Read twice, sorted twice, the same.
+        let again: Vec<RecordBatch> = deferred.blocks().unwrap().collect::<Result<_>>().unwrap();
+        assert_eq!(keyed_rows(&again), keyed_rows(&want));
+        let e = Spilled::deferred_sort(
+            schema,
+            &[SortKey::asc("nope")],
+            Vec::new(),
+            0,
+            mem(d.path(), 100_000),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("nope"), "{e}");
+    }
+
     fn int_keyed(keys: &[(i64, bool)], per_batch: usize) -> (SchemaRef, Vec<RecordBatch>) {
         let schema = Arc::new(Schema::new(vec![
             Field::new("k", DataType::Int64, true),
@@ -1397,6 +1645,12 @@ mod tests {
                     (Some(a), Some(b)) => if descending { a >= b } else { a <= b },
                 };
                 prop_assert!(in_order, "{:?} before {:?}", r.0, p_key);
+            }
+            // Stable: equal keys keep their input order.
+            for (a, b) in rows.iter().zip(rows.iter().skip(1)) {
+                if a.0 == b.0 {
+                    prop_assert!(a.1 < b.1, "ties out of input order: {:?} before {:?}", a, b);
+                }
             }
             for (&(k, null), row_at) in keys.iter().zip(0..) {
                 let _ = row_at;

@@ -398,7 +398,8 @@ fn print_setup(first: &FirstPass, m: &Measured, host_peak: u64, memory: u64) {
     println!(
         "nodes' data: main group {} MB, mirror group {} MB; largest node peak {} MB \
          (each node's --memory {} MiB: a primitive whose input is larger streams and spills; \
-         such a Scan is deferred into the Sort that reads it, so its phase takes milliseconds)",
+         with checkpoints off the Scan and the Sort are deferred into the AggGrpSort, which \
+         reads lineitem once, unsorted: their phases take milliseconds)",
         mb(main_disk),
         mb(mirror_disk),
         mb(max(&m.node_peaks)),
