@@ -398,8 +398,8 @@ fn print_setup(first: &FirstPass, m: &Measured, host_peak: u64, memory: u64) {
     println!(
         "nodes' data: main group {} MB, mirror group {} MB; largest node peak {} MB \
          (each node's --memory {} MiB: a primitive whose input is larger streams and spills; \
-         with checkpoints off the Scan and the Sort are deferred into the AggGrpSort, which \
-         reads lineitem once, unsorted: their phases take milliseconds)",
+         with checkpoints off the Sort, and a Scan that would stream, are deferred into the \
+         AggGrpSort, which reads their input unsorted: their phases take milliseconds)",
         mb(main_disk),
         mb(mirror_disk),
         mb(max(&m.node_peaks)),
