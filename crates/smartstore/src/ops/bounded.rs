@@ -1605,8 +1605,150 @@ mod tests {
         (schema, batches)
     }
 
+    /// Rows of two group keys (both dictionaries, `k`'s values in another
+    /// order in each batch, or both plain integers; `k` with nulls) and
+    /// values (`d` a decimal with nulls, `v` an integer).
+    fn grouped_rows(
+        rows: &[(u8, bool, i64, i64, bool)],
+        per_batch: usize,
+        dict_keys: bool,
+    ) -> (SchemaRef, Vec<RecordBatch>) {
+        let k_type = if dict_keys {
+            DataType::Dictionary(Box::new(DataType::Int8), Box::new(DataType::Utf8))
+        } else {
+            DataType::Int64
+        };
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", k_type.clone(), true),
+            Field::new("j", k_type, false),
+            Field::new("d", DataType::Decimal64(15, 2), true),
+            Field::new("v", DataType::Int64, false),
+        ]));
+        let names = ["w", "x", "y", "z"];
+        let batches = rows
+            .chunks(per_batch.max(1))
+            .enumerate()
+            .map(|(c, rs)| {
+                let k: arrow::array::ArrayRef = if dict_keys {
+                    // This batch's dictionary: the names rotated by `c`.
+                    let dict: Vec<&str> = (0..4).map(|i| names[(i + c) % 4]).collect();
+                    let keys: arrow::array::Int8Array = rs
+                        .iter()
+                        .map(|r| (!r.1).then(|| ((usize::from(r.0) + 4 - c % 4) % 4) as i8))
+                        .collect();
+                    Arc::new(
+                        DictionaryArray::<Int8Type>::try_new(
+                            keys,
+                            Arc::new(StringArray::from(dict)),
+                        )
+                        .unwrap(),
+                    )
+                } else {
+                    Arc::new(Int64Array::from(
+                        rs.iter()
+                            .map(|r| (!r.1).then_some(i64::from(r.0)))
+                            .collect::<Vec<_>>(),
+                    ))
+                };
+                RecordBatch::try_new(
+                    schema.clone(),
+                    vec![
+                        k,
+                        if dict_keys {
+                            let keys: arrow::array::Int8Array =
+                                rs.iter().map(|r| Some(r.2.rem_euclid(3) as i8)).collect();
+                            Arc::new(
+                                DictionaryArray::<Int8Type>::try_new(
+                                    keys,
+                                    Arc::new(StringArray::from(vec!["p", "q", "r"])),
+                                )
+                                .unwrap(),
+                            )
+                        } else {
+                            Arc::new(Int64Array::from_iter_values(
+                                rs.iter().map(|r| r.2.rem_euclid(3)),
+                            ))
+                        },
+                        Arc::new(
+                            Decimal64Array::from(
+                                rs.iter().map(|r| (!r.4).then_some(r.3)).collect::<Vec<_>>(),
+                            )
+                            .with_precision_and_scale(15, 2)
+                            .unwrap(),
+                        ),
+                        Arc::new(Int64Array::from_iter_values(rs.iter().map(|r| r.2))),
+                    ],
+                )
+                .unwrap()
+            })
+            .collect();
+        (schema, batches)
+    }
+
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(48))]
+        #![proptest_config(ProptestConfig::with_cases(32))]
+
+        /// Where [`ignores_order`] says an aggregation's answer does not
+        /// depend on the order of its rows, the bounded aggregation over the
+        /// rows as they came equals it over them sorted by the group keys
+        /// (what a deferred Sort's reader would otherwise get), and the
+        /// in-memory aggregation: dictionary keys under changing
+        /// dictionaries or plain ones, nulls in keys and values, budgets
+        /// from a few rows to all of them (at least twice the 15 groups'
+        /// partial rows, which a smaller one refuses).
+        #[test]
+        fn an_aggregation_that_ignores_order_answers_the_same_over_its_rows_unsorted(
+            rows in proptest::collection::vec(
+                (0u8..4, proptest::bool::weighted(0.1), -50i64..50, 0i64..1_000_000, proptest::bool::weighted(0.1)),
+                1..600,
+            ),
+            per_batch in 1usize..100,
+            budget in 2048usize..40_000,
+            dict_keys in any::<bool>(),
+            null_keys in any::<bool>(),
+            null_values in any::<bool>(),
+        ) {
+            // Without nulls, dictionary keys take the dictionary codes and
+            // the sums the exact integer path.
+            let rows: Vec<_> = rows
+                .into_iter()
+                .map(|(k, kn, v, d, dn)| (k, kn && null_keys, v, d, dn && null_values))
+                .collect();
+            let (schema, batches) = grouped_rows(&rows, per_batch, dict_keys);
+            let agg = |func: AggFunc, column: &str, name: &str| Aggregate {
+                func,
+                arg: Value::col(column),
+                name: name.into(),
+            };
+            let bundle = Primitive::AggGrpSort {
+                group_by: vec!["k".into(), "j".into()],
+                aggregates: vec![
+                    agg(AggFunc::Sum, "d", "sum_d"),
+                    agg(AggFunc::Count, "d", "count_d"),
+                    agg(AggFunc::Sum, "v", "sum_v"),
+                    agg(AggFunc::Min, "v", "min_v"),
+                    agg(AggFunc::Max, "d", "max_d"),
+                ],
+            };
+            prop_assert!(ignores_order(&bundle, &schema).unwrap());
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let d = tempfile::tempdir().unwrap();
+            let m = mem(d.path(), budget);
+            let (unsorted, sorted, whole) = rt.block_on(async {
+                let sort = Primitive::Sort { keys: vec![SortKey::asc("k"), SortKey::asc("j")] };
+                let (_, by_keys) = crate::ops::run(&sort, schema.clone(), batches.clone()).await?;
+                let (s1, a) = run(&bundle, schema.clone(), input(batches.clone()), &m).await?;
+                let (s2, b) = run(&bundle, schema.clone(), input(by_keys), &m).await?;
+                let (s3, c) = crate::ops::run(&bundle, schema.clone(), batches.clone()).await?;
+                let a = concat_batches(&s1, &drain(a.into_stream()?).await?)?;
+                let b = concat_batches(&s2, &drain(b.into_stream()?).await?)?;
+                let c = concat_batches(&s3, &c)?;
+                Ok::<_, Error>((a, b, c))
+            }).unwrap();
+            prop_assert_eq!(&unsorted, &sorted);
+            prop_assert_eq!(&unsorted, &whole);
+            prop_assert_eq!(left_in(d.path()), 0);
+        }
 
         /// Any keys (duplicates, nulls), either direction, any budget: the
         /// external sort's output is the input's rows, ordered as the Sort
