@@ -17,7 +17,7 @@
 //! A Scan that would stream and that the query does not materialise is
 //! not run at all: its output would only be spilled for the next
 //! primitive to read back once, so the node holds the Scan instead
-//! ([`Node::defer_scan`], [`Spilled::deferred`]): its compiled filter and
+//! ([`Node::defer`], [`Spilled::deferred`]): its compiled filter and
 //! its inputs, held open, and the next primitive runs it as it reads. A
 //! query over a node's share of `lineitem` at scale factor 10 then moves
 //! no Scan output at all, where it wrote and read back about 250 MB.
