@@ -278,8 +278,11 @@ pub(crate) async fn aggregate_planned(
     run(primitive, schema, batches).await
 }
 
-/// The AggGrpSort bundle over input clustered by its group keys (Q1's
-/// Sort output): groups by runs ([`rungroup`]), lets DataFusion aggregate
+/// The AggGrpSort bundle by dense group ids: over input clustered by its
+/// group keys (Q1's Sort output) from the runs of equal keys, over
+/// unclustered input with small dictionary keys (Q1's Scan output, read by
+/// the bundle of a deferred Sort) from their codes ([`rungroup`]); lets
+/// DataFusion aggregate
 /// by the dense group id, then puts each group's key values back and sorts
 /// the few result rows by them. The result equals [`grouped`]'s, schema
 /// included. `None` when [`rungroup::group_ids`] declines.

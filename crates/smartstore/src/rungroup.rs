@@ -37,9 +37,14 @@ use arrow::row::{RowConverter, SortField};
 
 use crate::error::Result;
 
-/// [`group_ids`] declines when the runs are on average shorter than this
-/// many rows (input not clustered by its keys).
+/// Runs shorter than this many rows on average mean the input is not
+/// clustered by its keys: [`group_ids`] then takes the dictionary codes
+/// ([`ids_by_codes`]) or declines.
 pub const MIN_MEAN_RUN: usize = 8;
+
+/// [`group_ids`] judges the runs once it has seen this many rows (or all
+/// of them), so a short first slice does not decide for the whole input.
+const JUDGE_AFTER: usize = 4096;
 
 /// Dense group ids for every row, and each group's key values.
 #[derive(Debug)]
@@ -58,8 +63,10 @@ impl GroupIds {
 }
 
 /// Assigns group ids to the rows of `batches` by the runs of equal values
-/// of the columns `keys`; `None` when there are no rows, no keys, or the
-/// runs are too short to gain from (see the module documentation).
+/// of the columns `keys`, or, when the runs are short, by the keys'
+/// dictionary codes ([`ids_by_codes`]); `None` when there are no rows, no
+/// keys, or the runs are short and the keys not small dictionaries (see
+/// the module documentation).
 pub fn group_ids(batches: &[RecordBatch], keys: &[usize]) -> Result<Option<GroupIds>> {
     let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
     if keys.is_empty() || rows == 0 || rows > u32::MAX as usize {
@@ -96,9 +103,8 @@ pub fn group_ids(batches: &[RecordBatch], keys: &[usize]) -> Result<Option<Group
         let ranges = partition(&compared)?.ranges();
         runs += ranges.len();
         seen += batch.num_rows();
-        // Decided by the rows so far, so unclustered input is found by
-        // its first batch.
-        if runs > (seen / MIN_MEAN_RUN).max(1) {
+        // Judged by the rows so far, so unclustered input is found early.
+        if runs > (seen / MIN_MEAN_RUN).max(1) && (seen >= JUDGE_AFTER || b + 1 == batches.len()) {
             return ids_by_codes(batches, keys, &converter);
         }
         let starts = UInt32Array::from_iter_values(ranges.iter().map(|r| r.start as u32));
@@ -147,6 +153,11 @@ fn ids_by_codes(
     let mut first: Vec<(usize, usize)> = Vec::new();
     let mut ids = Vec::with_capacity(batches.len());
     for (b, batch) in batches.iter().enumerate() {
+        if batch.num_rows() == 0 {
+            // (Its dictionaries may be empty: nothing to look up.)
+            ids.push(Arc::new(UInt32Array::from(Vec::<u32>::new())) as ArrayRef);
+            continue;
+        }
         let mut codes = vec![0usize; batch.num_rows()];
         let mut combinations = 1usize;
         for &k in keys {
@@ -326,12 +337,17 @@ mod tests {
             )
             .unwrap()
         };
-        let g = group_ids(&[a, b, c], &[0]).unwrap().unwrap();
+        // An empty batch, its dictionary empty too, among them.
+        let empty = RecordBatch::new_empty(a.schema());
+        let g = group_ids(&[a, empty, b, c], &[0]).unwrap().unwrap();
         assert_eq!(g.groups(), 2);
         assert_eq!(key_strings(&g), ["A", "N"]);
         let alternating: Vec<u32> = (0..64).map(|i| (i % 2) as u32).collect();
         let third: Vec<u32> = (0..64).map(|i| [0, 0, 1][i % 3]).collect();
-        assert_eq!(ids(&g), vec![alternating.clone(), alternating, third]);
+        assert_eq!(
+            ids(&g),
+            vec![alternating.clone(), Vec::new(), alternating, third]
+        );
     }
 
     #[test]

@@ -30,9 +30,11 @@
 //! reads the Sort's input as it comes and no row is sorted. With the Scan
 //! deferred as well, Q1 without checkpoints is one pass over `lineitem`
 //! per node, filtered and aggregated as it is read, in a node's 64 MB as
-//! in more. With checkpoints, every primitive's output is materialised and
-//! nothing is deferred: the paper's recovery points stay where it puts
-//! them.
+//! in more. With checkpoints on, the checkpoint is a reader too: it runs
+//! the deferred primitive and ships its output (a deferred Sort is sorted
+//! by its checkpoint, behind the next primitive), so each checkpoint holds
+//! the output section 4.2 of the paper says it holds, while the
+//! aggregation no longer waits for the Sort.
 //!
 //! A fragment whose input fits runs as before ([`Node::run`]): loaded
 //! whole, with the in-memory primitives' speed; its working memory is up
@@ -110,7 +112,8 @@ impl Node {
     /// Whether inputs of `total` bytes, some of them spilled or not, are
     /// streamed rather than loaded whole.
     fn streams(&self, parts: &[(String, Part)], total: u64) -> bool {
-        // A spilled input is never loaded whole: it was too large.
+        // A spilled input (runs, or a deferred Scan or Sort) is read as
+        // a stream of blocks, never loaded whole.
         total > self.inner.lock().budget as u64
             || parts.iter().any(|(_, p)| matches!(p, Part::Spilled(_)))
     }
@@ -157,15 +160,16 @@ impl Node {
             .map(Some)
     }
 
-    /// Defers a Scan or a Sort that streams and whose output the query
-    /// does not materialise, over inputs none of which is held in memory:
-    /// its output would only be spilled for the next primitive to read
-    /// back once, so the node keeps the primitive itself instead
-    /// ([`Spilled::deferred`], [`Spilled::deferred_sort`]), over its
-    /// inputs held open as they are now, and the next primitive runs it as
-    /// it reads (or, for a Sort read by an aggregation that takes its rows
-    /// in any order, reads the input unsorted). Returns the fragment's
-    /// stats.
+    /// Defers a primitive whose output the query does not materialise: a
+    /// Sort over any inputs, a Scan that streams over inputs none of which
+    /// is held in memory. The node keeps the primitive itself
+    /// ([`Spilled::deferred`], [`Spilled::deferred_sort`]) over its inputs
+    /// as they are now (files held open; a held input's batches, counted
+    /// in the node's memory while the deferred output lives), and its
+    /// reader runs it as it reads: the next primitive, the host's fetch,
+    /// or a checkpoint, which thereby runs it behind the next primitive.
+    /// An aggregation that takes its rows in any order reads a deferred
+    /// Sort's input unsorted. Returns the fragment's stats.
     #[allow(clippy::too_many_arguments)]
     fn defer(
         &self,
@@ -180,6 +184,8 @@ impl Node {
         let mut schema: Option<SchemaRef> = None;
         let mut sources: Vec<Reopen> = Vec::with_capacity(parts.len());
         let cols: Option<Vec<String>> = columns.map(<[String]>::to_vec);
+        // Bytes of held inputs the deferred output keeps alive.
+        let mut pinned = 0usize;
         for (name, part) in parts {
             let (s, source): (SchemaRef, Reopen) = match part {
                 Part::Device(r) => {
@@ -204,6 +210,7 @@ impl Node {
                 // Held in memory: read from there (a Sort's input).
                 Part::Held => {
                     let (s, b) = self.load_table(&name, columns, &mut stats)?;
+                    pinned += b.iter().map(data_bytes).sum::<usize>();
                     let b = Arc::new(b);
                     let reopen: Reopen = Box::new(move |_| {
                         let b = b.clone();
@@ -227,7 +234,7 @@ impl Node {
                 total,
             ),
         };
-        self.hold_spilled(&fragment.output, deferred)?;
+        self.hold_spilled(&fragment.output, deferred, pinned)?;
         let cost = std::mem::take(&mut *cost.lock());
         stats.io_real_s += cost.time.as_secs_f64();
         stats.io_s += cost.time.as_secs_f64();
@@ -301,7 +308,7 @@ impl Node {
             // the next primitive merges them as it reads.
             Output::Spilled(runs) if !fragment.materialize => {
                 stats.rows_out = runs.rows();
-                self.hold_spilled(&fragment.output, runs)?;
+                self.hold_spilled(&fragment.output, runs, 0)?;
             }
             out => {
                 let out = out.into_stream()?;
@@ -311,10 +318,7 @@ impl Node {
             }
         }
         let cost = std::mem::take(&mut *inputs.cost.lock());
-        let modelled: Option<Duration> = cost.requests.iter().map(|&b| self.model.charge(b)).sum();
-        stats.io_real_s += cost.time.as_secs_f64();
-        stats.io_s += modelled.unwrap_or(cost.time).as_secs_f64();
-        stats.bytes_read += cost.bytes();
+        self.charge_reads(&cost, &mut stats);
         stats.compute_s += started
             .elapsed()
             .saturating_sub(cost.time + writing)
@@ -333,14 +337,18 @@ impl Node {
         }
     }
 
-    /// Keeps output `name` as its spilled runs. Like a memory-only
-    /// object, it replaces any older file of that name on the device.
-    fn hold_spilled(&self, name: &str, runs: Spilled) -> Result<()> {
+    /// Keeps output `name` as its spilled runs or deferred primitive,
+    /// which keeps `pinned` bytes of memory alive (a deferred Sort's held
+    /// input; counted against the node's memory like any held object).
+    /// Like a memory-only object, it replaces any older file of that name
+    /// on the device.
+    fn hold_spilled(&self, name: &str, runs: Spilled, pinned: usize) -> Result<()> {
         let _ = std::fs::remove_file(self.path(name)?);
         self.inner.lock().put(
             name,
             Held {
                 spilled: Some(Arc::new(runs)),
+                bytes: pinned,
                 ..Held::default()
             },
         );
@@ -410,7 +418,7 @@ impl Node {
             Some(Sink::Run(w)) => {
                 let runs = w.into_spilled()?;
                 writing += t.elapsed();
-                self.hold_spilled(&fragment.output, runs)?;
+                self.hold_spilled(&fragment.output, runs, 0)?;
             }
         }
         Ok(writing)

@@ -60,8 +60,9 @@ pub struct Node {
 struct Held {
     table: Option<(SchemaRef, Vec<RecordBatch>)>,
     file: Option<Arc<Vec<u8>>>,
-    /// An output larger than memory that the query does not materialise,
-    /// kept as spilled runs (see `bounded`); none of it is in memory.
+    /// An output the query does not materialise kept as spilled runs or
+    /// as a deferred Scan or Sort (see `bounded`); of it, memory holds
+    /// only a deferred Sort's held input (counted in `bytes`).
     spilled: Option<Arc<Spilled>>,
     bytes: usize,
     /// Whether the object is also on the device, so memory may drop it.
@@ -204,22 +205,27 @@ impl Node {
     /// A whole object file (checked): from memory when held, encoded from
     /// the held table for a memory-only object, else read off the device.
     pub fn load(&self, name: &str, stats: &mut Stats) -> Result<Arc<Vec<u8>>> {
-        let table = {
+        let (table, spilled) = {
             let inner = self.inner.lock();
             match inner.get(name) {
                 Some(Held { file: Some(f), .. }) => return Ok(f.clone()),
                 Some(Held {
                     spilled: Some(s), ..
-                }) => Some(read_spilled(s)?),
+                }) => (None, Some(s.clone())),
                 // Once on the device, its bytes are those of the file there
                 // (a checkpoint's codec), which parity members must match.
                 Some(Held {
                     table: Some(t),
                     on_device: false,
                     ..
-                }) => Some(t.clone()),
-                _ => None,
+                }) => (Some(t.clone()), None),
+                _ => (None, None),
             }
+        };
+        // Read (a deferred primitive run) outside the node's lock.
+        let table = match spilled {
+            Some(s) => Some(self.read_spilled(&s, stats)?),
+            None => table,
         };
         if let Some((schema, batches)) = table {
             let t = Instant::now();
@@ -279,10 +285,14 @@ impl Node {
             .lock()
             .get(name)
             .map(|h| (h.table.clone(), h.file.clone(), h.spilled.clone()));
-        let t = Instant::now();
+        let mut t = Instant::now();
         let (schema, batches) = match held {
             Some((Some(tb), _, _)) => tb,
-            Some((None, None, Some(s))) => read_spilled(&s)?,
+            Some((None, None, Some(s))) => {
+                let read = self.read_spilled(&s, stats)?;
+                t = Instant::now();
+                read
+            }
             Some((None, Some(file), _)) => {
                 let (kind, payload) = object::decode(&path, &file)?;
                 if kind != Kind::Table {
@@ -294,11 +304,7 @@ impl Node {
             }
             _ => {
                 let (table, cost) = columnar::read(&path, columns)?;
-                let modelled: Option<Duration> =
-                    cost.requests.iter().map(|&b| self.model.charge(b)).sum();
-                stats.io_real_s += cost.time.as_secs_f64();
-                stats.io_s += modelled.unwrap_or(cost.time).as_secs_f64();
-                stats.bytes_read += cost.bytes();
+                self.charge_reads(&cost, stats);
                 stats.compute_s += t.elapsed().saturating_sub(cost.time).as_secs_f64();
                 return Ok(table);
             }
@@ -452,11 +458,32 @@ fn column_indices(schema: &SchemaRef, cols: &[String], name: &str) -> Result<Vec
         .collect()
 }
 
-/// All of a spilled output's rows, in memory (a host fetching it, or a
-/// checkpoint shipping it, takes it whole).
-fn read_spilled(s: &Spilled) -> Result<(SchemaRef, Vec<RecordBatch>)> {
-    let batches = s.blocks()?.collect::<Result<Vec<_>>>()?;
-    Ok((s.schema().clone(), batches))
+impl Node {
+    /// Charges reads that took `cost` to `stats`: their time (as the
+    /// device model has it, and as measured) and bytes.
+    fn charge_reads(&self, cost: &columnar::ReadCost, stats: &mut Stats) {
+        let modelled: Option<Duration> = cost.requests.iter().map(|&b| self.model.charge(b)).sum();
+        stats.io_real_s += cost.time.as_secs_f64();
+        stats.io_s += modelled.unwrap_or(cost.time).as_secs_f64();
+        stats.bytes_read += cost.bytes();
+    }
+
+    /// All of a spilled output's rows, in memory (a host fetching it, or a
+    /// checkpoint shipping it, takes it whole): runs merged, or a deferred
+    /// primitive run now, its reads and compute charged to `stats`.
+    fn read_spilled(
+        &self,
+        s: &Spilled,
+        stats: &mut Stats,
+    ) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+        let t = Instant::now();
+        let cost = Arc::new(parking_lot::Mutex::new(columnar::ReadCost::default()));
+        let batches = s.blocks_charged(&cost)?.collect::<Result<Vec<_>>>()?;
+        let cost = std::mem::take(&mut *cost.lock());
+        self.charge_reads(&cost, stats);
+        stats.compute_s += t.elapsed().saturating_sub(cost.time).as_secs_f64();
+        Ok((s.schema().clone(), batches))
+    }
 }
 
 /// Keeps the memory a node frees in its heap, for its next primitive.

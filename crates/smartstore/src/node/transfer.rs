@@ -132,7 +132,8 @@ impl Node {
         // file is built in memory), then kept on the device instead.
         let table = match (table, &spilled) {
             (Some(t), _) => Some(t),
-            (None, Some(s)) => Some(super::read_spilled(s)?),
+            // A deferred Sort is sorted here, behind the next primitive.
+            (None, Some(s)) => Some(self.read_spilled(s, stats)?),
             (None, None) => None,
         };
         let Some((schema, batches)) = table else {

@@ -707,13 +707,13 @@ impl StreamSpill {
     }
 }
 
-/// A primitive's output held on the node's device instead of in its
-/// memory or as a table object: a Sort's sorted runs, merged as they are
-/// read ([`Spilled::blocks`]), the runs of a spilled stream
-/// ([`StreamSpill`]), or a Scan not run yet ([`Spilled::deferred`]). An
-/// output larger than the node's memory that the query does not
-/// materialise is kept this way: written once (or not at all), in the
-/// form the next primitive reads, and removed with the last reader.
+/// A primitive's output that the query does not materialise, kept in the
+/// form its reader takes instead of as a table: a Sort's sorted runs on
+/// the device, merged as they are read ([`Spilled::blocks`]), the runs of
+/// a spilled stream ([`StreamSpill`]), or a primitive not run yet, over
+/// its inputs as they were: a Scan ([`Spilled::deferred`]) or a Sort
+/// ([`Spilled::deferred_sort`]). Written once or not at all, and removed
+/// with its last reader.
 pub struct Spilled {
     schema: SchemaRef,
     form: Form,
@@ -741,8 +741,8 @@ enum Step {
     Sort { keys: Vec<SortKey>, mem: WorkMemory },
 }
 
-/// A deferred Scan's source: its row blocks, from the start, each time it
-/// is called; reads charged to the cost given.
+/// A deferred Scan's or Sort's source: its row blocks, from the start,
+/// each time it is called; reads charged to the cost given.
 pub type Reopen = Box<dyn Fn(&Arc<Mutex<ReadCost>>) -> Result<BatchIter> + Send + Sync>;
 
 impl std::fmt::Debug for Spilled {
@@ -783,12 +783,12 @@ impl Spilled {
         }
     }
 
-    /// A Sort whose output would only be spilled and read once, kept as
-    /// its `sources` (of `schema`) and `keys`: the reader sorts as it reads
-    /// ([`Spilled::blocks`], an external sort within `mem`), or, when it
-    /// takes rows in any order ([`ignores_order`]), reads the sources as
-    /// they are ([`Spilled::blocks_in_any_order`]) and no row is sorted.
-    /// `bytes` is the input's size. Fails on a key the schema lacks.
+    /// A Sort kept as its `sources` (of `schema`) and `keys`: each reader
+    /// sorts as it reads ([`Spilled::blocks`]: in memory when the input's
+    /// `bytes` fit `mem`'s budget, else an external sort within it), or,
+    /// when it takes rows in any order ([`ignores_order`]), reads the
+    /// sources as they are ([`Spilled::blocks_in_any_order`]) and no row
+    /// is sorted. Fails on a key the schema lacks.
     pub fn deferred_sort(
         schema: SchemaRef,
         keys: &[SortKey],
@@ -848,6 +848,14 @@ impl Spilled {
                     Step::Scan(filter) => {
                         let filter = filter.clone();
                         Ok(Box::new(input.map(move |b| filter.apply(&b?))))
+                    }
+                    // An input that fits the budget is sorted whole, as
+                    // the Sort would have sorted it in memory.
+                    Step::Sort { keys, mem } if self.bytes <= mem.budget as u64 => {
+                        let input = input.collect::<Result<Vec<_>>>()?;
+                        let sorted =
+                            Order::new(&self.schema, keys)?.sort_chunk(&self.schema, &input)?;
+                        Ok(Box::new(sorted.into_iter().map(Ok)))
                     }
                     Step::Sort { keys, mem } => {
                         match sort(self.schema.clone(), keys, input, mem)?.1 {
@@ -1565,6 +1573,25 @@ mod tests {
         // Read twice, sorted twice, the same.
         let again: Vec<RecordBatch> = deferred.blocks().unwrap().collect::<Result<_>>().unwrap();
         assert_eq!(keyed_rows(&again), keyed_rows(&want));
+        // Within a budget that holds it, sorted whole: no run spilled.
+        let halves = [batches[..6].to_vec(), batches[6..].to_vec()];
+        let sources: Vec<Reopen> = halves
+            .into_iter()
+            .map(|h| -> Reopen { Box::new(move |_| Ok(input(h.clone()))) })
+            .collect();
+        std::fs::remove_dir_all(d.path().join(".spill")).unwrap();
+        std::fs::write(d.path().join(".spill"), b"no room to spill").unwrap();
+        let whole = Spilled::deferred_sort(
+            schema.clone(),
+            &sort_keys(),
+            sources,
+            bytes,
+            mem(d.path(), 64 << 20),
+        )
+        .unwrap();
+        let sorted: Vec<RecordBatch> = whole.blocks().unwrap().collect::<Result<_>>().unwrap();
+        assert_eq!(keyed_rows(&sorted), keyed_rows(&want));
+        std::fs::remove_file(d.path().join(".spill")).unwrap();
         let e = Spilled::deferred_sort(
             schema,
             &[SortKey::asc("nope")],
