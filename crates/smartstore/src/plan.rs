@@ -44,6 +44,14 @@ pub struct Fragment {
     /// and survive the node's memory); otherwise keep it in memory only.
     #[serde(default = "yes")]
     pub materialize: bool,
+    /// Whether the node may defer the primitive into whatever reads its
+    /// output (a Sort; a Scan that would stream) when the output is not
+    /// materialised (see `node::bounded`). The host allows it only for a
+    /// query without checkpoints: a checkpoint needs each primitive's
+    /// output, and running a deferred one for it would read its input a
+    /// second time beside the next primitive.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub defer: bool,
 }
 
 fn yes() -> bool {
@@ -308,8 +316,18 @@ mod tests {
             },
             materialize: false,
             also: vec![],
+            defer: false,
         };
         assert_eq!(Fragment::from_json(&f.to_json()).unwrap(), f);
+        let deferred = Fragment {
+            defer: true,
+            ..f.clone()
+        };
+        assert_eq!(Fragment::from_json(&deferred.to_json()).unwrap(), deferred);
+        // A fragment that does not say may not be deferred.
+        let json = String::from_utf8(f.to_json().to_vec()).unwrap();
+        assert!(!json.contains("defer"), "{json}");
+        assert!(!Fragment::from_json(json.as_bytes()).unwrap().defer);
     }
 
     #[test]

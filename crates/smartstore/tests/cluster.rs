@@ -1203,6 +1203,7 @@ fn scan_then_sort() -> (smartstore::plan::Fragment, smartstore::plan::Fragment) 
             output: "picked".into(),
             primitive: scan,
             materialize: false,
+            defer: true,
         },
         Fragment {
             input: "picked".into(),
@@ -1210,6 +1211,7 @@ fn scan_then_sort() -> (smartstore::plan::Fragment, smartstore::plan::Fragment) 
             output: "sorted".into(),
             primitive: sort,
             materialize: true,
+            defer: false,
         },
     )
 }
@@ -1313,6 +1315,7 @@ fn a_deferred_sort_is_skipped_by_an_aggregation_and_sorted_for_a_reader_that_nee
                 output: output.into(),
                 primitive: primitive.clone(),
                 materialize: false,
+                defer: true,
             };
             let mut want = Vec::new();
             let (mut s, mut b) = (schema.clone(), batches.clone());
@@ -1352,6 +1355,17 @@ fn a_deferred_sort_is_skipped_by_an_aggregation_and_sorted_for_a_reader_that_nee
                 want[1],
                 "sorted for a reader that needs order"
             );
+            // A query with checkpoints does not let the node defer: the
+            // Sort runs where it is asked for.
+            let ran = node
+                .run(&Fragment {
+                    defer: false,
+                    ..fragment("picked", "sorted", &sort)
+                })
+                .await
+                .unwrap();
+            assert_eq!(ran.rows_out, want[1].num_rows() as u64);
+            assert_eq!(fetched("sorted"), want[1]);
         });
     }
 }
@@ -1378,6 +1392,7 @@ fn a_damaged_input_fails_a_streamed_primitive_and_stores_no_output() {
                 columns: None,
             },
             materialize: true,
+            defer: false,
         };
         // Intact, it streams (the input is far above 64 KiB) and stores.
         smartstore::object::write_file(&path, &file).unwrap();

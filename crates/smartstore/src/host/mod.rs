@@ -123,12 +123,14 @@ struct Worker {
 }
 
 /// Runs primitive `p` on every worker (or only worker `only`), each over
-/// its own inputs; one result per worker run.
+/// its own inputs; one result per worker run. Outputs stay in memory (a
+/// checkpoint writes them to the device); `defer`: whether a node may
+/// defer the primitive into its reader ([`Fragment::defer`]).
 async fn run_on(
     workers: &mut [Worker],
     output: &str,
     p: &Primitive,
-    materialize: bool,
+    defer: bool,
     only: Option<usize>,
 ) -> Vec<Result<(String, Stats)>> {
     let calls = workers
@@ -141,7 +143,8 @@ async fn run_on(
                 also: w.inputs[1..].to_vec(),
                 output: output.into(),
                 primitive: p.clone(),
-                materialize,
+                materialize: false,
+                defer,
             };
             async move {
                 let s = w.client.run(&f).await?;

@@ -279,8 +279,8 @@ impl Cluster {
             self.fail_node(f.node, f.mode)?;
         }
         let t = Instant::now();
-        // Outputs stay in memory; a checkpoint writes them to the device.
-        let results = run_on(&mut q.workers, q.outs[k], &q.prims[k], false, None).await;
+        // Without checkpoints a node may defer a primitive into its reader.
+        let results = run_on(&mut q.workers, q.outs[k], &q.prims[k], !q.checkpoint, None).await;
         let (done, lost) = split_lost(results)?;
         if lost.is_empty() {
             q.phases.push(Phase::from_nodes(
@@ -371,7 +371,8 @@ impl Cluster {
                 self.progress(&format!("running {} again from {src}", q.labels[j]));
             }
             let t = Instant::now();
-            let results = run_on(&mut q.workers, q.outs[j], &q.prims[j], false, only).await;
+            let defer = !q.checkpoint;
+            let results = run_on(&mut q.workers, q.outs[j], &q.prims[j], defer, only).await;
             let named = results.into_iter().collect::<Result<Vec<_>>>()?;
             q.phases.push(Phase::from_nodes(
                 &format!("{} (after recovery)", q.labels[j]),
