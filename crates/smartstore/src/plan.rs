@@ -19,6 +19,14 @@
 //!    "columns":["l_returnflag","l_linestatus","l_quantity"]}}
 //! ```
 //!
+//! Optional fields: `"also"` (more objects of the same columns, read as
+//! one input with `input`), `"materialize"` (default `true`: write the
+//! output to the device as a table object; the host sends `false` and
+//! lets a checkpoint write it) and `"defer"` (default `false`: whether the
+//! node may defer the primitive into whatever reads its output, see
+//! `node::bounded`; the host sends `true` for queries without
+//! checkpoints).
+//!
 //! Unknown fields, unknown operators and unknown columns are refused with
 //! an error naming them; a node never guesses.
 
