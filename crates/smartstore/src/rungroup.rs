@@ -78,13 +78,10 @@ pub fn group_ids(batches: &[RecordBatch], keys: &[usize]) -> Result<Option<Group
         .collect();
     let converter = RowConverter::new(fields)?;
     let (mut runs, mut seen) = (0usize, 0usize);
-    let mut id_of: HashMap<Box<[u8]>, u32> = HashMap::new();
-    // (batch, row) of each group's first row, in id order.
-    let mut first: Vec<(usize, usize)> = Vec::new();
-    let mut ids = Vec::with_capacity(batches.len());
+    let mut groups = Numbering::new(batches.len());
     for (b, batch) in batches.iter().enumerate() {
         if batch.num_rows() == 0 {
-            ids.push(Arc::new(UInt32Array::from(Vec::<u32>::new())) as ArrayRef);
+            groups.push(Vec::new());
             continue;
         }
         // A dictionary column's runs are the runs of its keys: equal keys
@@ -115,19 +112,13 @@ pub fn group_ids(batches: &[RecordBatch], keys: &[usize]) -> Result<Option<Group
         let encoded = converter.convert_columns(&heads)?;
         let mut column = Vec::with_capacity(batch.num_rows());
         for (run, range) in ranges.iter().enumerate() {
-            let next = first.len() as u32;
-            let id = *id_of
-                .entry(encoded.row(run).as_ref().into())
-                .or_insert_with(|| {
-                    first.push((b, range.start));
-                    next
-                });
+            let id = groups.id(encoded.row(run).as_ref(), (b, range.start));
             column.extend(std::iter::repeat_n(id, range.len()));
         }
         debug_assert_eq!(column.len(), batch.num_rows());
-        ids.push(Arc::new(UInt32Array::from(column)) as ArrayRef);
+        groups.push(column);
     }
-    with_keys(batches, keys, ids, &first).map(Some)
+    groups.finish(batches, keys).map(Some)
 }
 
 /// Most combinations of dictionary keys [`ids_by_codes`] tabulates for
@@ -149,13 +140,11 @@ fn ids_by_codes(
     keys: &[usize],
     converter: &RowConverter,
 ) -> Result<Option<GroupIds>> {
-    let mut id_of: HashMap<Box<[u8]>, u32> = HashMap::new();
-    let mut first: Vec<(usize, usize)> = Vec::new();
-    let mut ids = Vec::with_capacity(batches.len());
+    let mut groups = Numbering::new(batches.len());
     for (b, batch) in batches.iter().enumerate() {
         if batch.num_rows() == 0 {
             // (Its dictionaries may be empty: nothing to look up.)
-            ids.push(Arc::new(UInt32Array::from(Vec::<u32>::new())) as ArrayRef);
+            groups.push(Vec::new());
             continue;
         }
         let mut codes = vec![0usize; batch.num_rows()];
@@ -186,41 +175,69 @@ fn ids_by_codes(
                     .map(|&k| batch.column(k).slice(row, 1))
                     .collect();
                 let encoded = converter.convert_columns(&heads)?;
-                let next = first.len() as u32;
-                id = *id_of
-                    .entry(encoded.row(0).as_ref().into())
-                    .or_insert_with(|| {
-                        first.push((b, row));
-                        next
-                    });
+                id = groups.id(encoded.row(0).as_ref(), (b, row));
                 id_of_code[code] = id;
             }
             column.push(id);
         }
-        ids.push(Arc::new(UInt32Array::from(column)) as ArrayRef);
+        groups.push(column);
     }
-    if first.is_empty() {
+    if groups.first.is_empty() {
         return Ok(None);
     }
-    with_keys(batches, keys, ids, &first).map(Some)
+    groups.finish(batches, keys).map(Some)
 }
 
-/// The groups' key values taken from each group's first row (`first`:
-/// (batch, row) in id order), with the rows' ids.
-fn with_keys(
-    batches: &[RecordBatch],
-    keys: &[usize],
+/// Dense group ids handed out as key values are first met, by the key
+/// values' row encoding; and each batch's id column.
+struct Numbering {
+    id_of: HashMap<Box<[u8]>, u32>,
+    /// (batch, row) of each group's first row, in id order.
+    first: Vec<(usize, usize)>,
     ids: Vec<ArrayRef>,
-    first: &[(usize, usize)],
-) -> Result<GroupIds> {
-    let keys = keys
-        .iter()
-        .map(|&k| {
-            let columns: Vec<&dyn Array> = batches.iter().map(|b| b.column(k).as_ref()).collect();
-            interleave(&columns, first)
+}
+
+impl Numbering {
+    fn new(batches: usize) -> Numbering {
+        Numbering {
+            id_of: HashMap::new(),
+            first: Vec::new(),
+            ids: Vec::with_capacity(batches),
+        }
+    }
+
+    /// The id of the group whose encoded keys are `key`, met at `at`
+    /// (batch, row): a new one if they are new.
+    fn id(&mut self, key: &[u8], at: (usize, usize)) -> u32 {
+        let next = self.first.len() as u32;
+        *self.id_of.entry(key.into()).or_insert_with(|| {
+            self.first.push(at);
+            next
         })
-        .collect::<std::result::Result<Vec<_>, _>>()?;
-    Ok(GroupIds { ids, keys })
+    }
+
+    /// The next batch's ids.
+    fn push(&mut self, column: Vec<u32>) {
+        self.ids
+            .push(Arc::new(UInt32Array::from(column)) as ArrayRef);
+    }
+
+    /// The rows' ids, with the groups' key values taken from each group's
+    /// first row.
+    fn finish(self, batches: &[RecordBatch], keys: &[usize]) -> Result<GroupIds> {
+        let keys = keys
+            .iter()
+            .map(|&k| {
+                let columns: Vec<&dyn Array> =
+                    batches.iter().map(|b| b.column(k).as_ref()).collect();
+                interleave(&columns, &self.first)
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        Ok(GroupIds {
+            ids: self.ids,
+            keys,
+        })
+    }
 }
 
 #[cfg(test)]

@@ -36,9 +36,10 @@
 //! plan puts it and its output is there for its checkpoint (section 4.2);
 //! a checkpoint that ran a deferred primitive would read its input a
 //! second time beside the next primitive (measured once, with the disk
-//! model on the parity layout: checkpointed Q1 in 15.1 s instead of 12.0). The host's fetch or a
-//! checkpoint of a deferred output still works: it runs the primitive,
-//! outside the node's lock, charged to the node's stats.
+//! model on the parity layout: checkpointed Q1 in 15.1 s instead of
+//! 12.0). The host's fetch or a checkpoint of a deferred output still
+//! works: it runs the primitive, outside the node's lock, charged to the
+//! node's stats.
 //!
 //! A fragment whose input fits runs as before ([`Node::run`]): loaded
 //! whole, with the in-memory primitives' speed; its working memory is up
@@ -124,9 +125,8 @@ impl Node {
 
     /// Defers `fragment` if it allows it and is a Sort, or a streaming
     /// Scan, whose output it does not materialise ([`Node::defer`]); else
-    /// runs it
-    /// within the node's memory when its inputs are larger than that (or
-    /// one is spilled), streaming its inputs through it
+    /// runs it within the node's memory when its inputs are larger than
+    /// that (or one is spilled), streaming its inputs through it
     /// ([`Node::run_bounded`]). `None` when neither: the inputs fit and
     /// the caller loads them whole.
     pub(super) async fn run_streamed(
@@ -168,14 +168,14 @@ impl Node {
 
     /// Defers a primitive that the fragment allows to be deferred and
     /// whose output it does not materialise: a Sort over any inputs, a
-    /// Scan that streams over inputs none of which is held in memory. The node keeps the primitive itself
-    /// ([`Spilled::deferred`], [`Spilled::deferred_sort`]) over its inputs
-    /// as they are now (files held open; a held input's batches, counted
-    /// in the node's memory while the deferred output lives), and its
-    /// reader runs it as it reads: the next primitive, the host's fetch,
-    /// or a checkpoint, which thereby runs it behind the next primitive.
-    /// An aggregation that takes its rows in any order reads a deferred
-    /// Sort's input unsorted. Returns the fragment's stats.
+    /// Scan that streams over inputs none of which is held in memory. The
+    /// node keeps the primitive itself ([`Spilled::deferred`],
+    /// [`Spilled::deferred_sort`]) over its inputs as they are now (files
+    /// held open; a held input's batches, counted in the node's memory
+    /// while the deferred output lives), and its reader runs it as it
+    /// reads: the next primitive, or the host's fetch. An aggregation that
+    /// takes its rows in any order reads a deferred Sort's input unsorted.
+    /// Returns the fragment's stats.
     #[allow(clippy::too_many_arguments)]
     fn defer(
         &self,
@@ -242,9 +242,7 @@ impl Node {
         };
         self.hold_spilled(&fragment.output, deferred, pinned)?;
         let cost = std::mem::take(&mut *cost.lock());
-        stats.io_real_s += cost.time.as_secs_f64();
-        stats.io_s += cost.time.as_secs_f64();
-        stats.bytes_read += cost.bytes();
+        self.charge_reads(&cost, &mut stats);
         stats.compute_s += started.elapsed().saturating_sub(cost.time).as_secs_f64();
         Ok(stats)
     }
@@ -266,13 +264,11 @@ impl Node {
         // the answer.
         let mut ordered = true;
         for (name, part) in &parts {
-            let s = match part {
-                Part::Device(r) => r.schema().clone(),
-                Part::Spilled(sp) => projected(sp, name, columns)?.0,
-                Part::Held => continue,
-            };
-            ordered = !bounded::ignores_order(&fragment.primitive, &s)?;
-            break;
+            if let Part::Spilled(sp) = part {
+                let s = projected(sp, name, columns)?.0;
+                ordered = !bounded::ignores_order(&fragment.primitive, &s)?;
+                break;
+            }
         }
         for (name, part) in parts {
             let (s, b): (SchemaRef, BatchIter) = match part {

@@ -135,7 +135,9 @@ pub async fn run(
             Ok((out, Output::Stream(futures::stream::iter(blocks).boxed())))
         }
         Primitive::Sort { keys } => {
-            let (schema, sorted) = sort(schema, keys, input, mem)?;
+            let order = Order::new(&schema, keys)?;
+            let chunk = mem.budget / CHUNKS_PER_BUDGET;
+            let (schema, sorted) = sort(schema, &order, input, mem, chunk)?;
             Ok((
                 schema,
                 match sorted {
@@ -346,14 +348,16 @@ impl PartitionStream for OneShot {
 }
 
 /// The Sort primitive as an external merge sort (see the module docs).
+/// Chunks are cut at `chunk_bytes` (a quarter of the budget, or all of it
+/// for an input known to fit it, which is then sorted whole).
 fn sort(
     schema: SchemaRef,
-    keys: &[SortKey],
+    order: &Order,
     input: BatchIter,
     mem: &WorkMemory,
+    chunk_bytes: usize,
 ) -> Result<(SchemaRef, Sorted)> {
-    let order = Order::new(&schema, keys)?;
-    let chunk_bytes = (mem.budget / CHUNKS_PER_BUDGET).max(1);
+    let chunk_bytes = chunk_bytes.max(1);
     let mut runs = Vec::new();
     let (mut rows, mut total) = (0u64, 0u64);
     let mut chunk = Vec::new();
@@ -386,12 +390,12 @@ fn sort(
     if !last.is_empty() {
         runs.push(Run::write_narrowed(&mem.spill_dir, &schema, &last)?);
     }
-    let runs = fewer_runs(&schema, &order, runs, mem)?;
+    let runs = fewer_runs(&schema, order, runs, mem)?;
     let spilled = Spilled {
         schema: schema.clone(),
         form: Form::Runs {
             runs,
-            order: Some(order),
+            order: Some(order.clone()),
         },
         rows,
         bytes: total,
@@ -437,25 +441,27 @@ fn fewer_runs(
     Ok(runs)
 }
 
-/// The sort keys as arrow's row format orders them: the key columns'
-/// indices and a converter of their values to comparable rows.
+/// The sort keys by column index (as [`crate::ranksort`] takes them) and
+/// as arrow's row format orders them: a converter of their values to
+/// comparable rows.
 #[derive(Debug, Clone)]
 struct Order {
-    columns: Vec<usize>,
+    keys: Vec<crate::ranksort::Key>,
     fields: Vec<SortField>,
-    descending: Vec<bool>,
 }
 
 impl Order {
     fn new(schema: &SchemaRef, keys: &[SortKey]) -> Result<Order> {
-        let mut columns = Vec::with_capacity(keys.len());
+        let mut by_index = Vec::with_capacity(keys.len());
         let mut fields = Vec::with_capacity(keys.len());
-        let descending = keys.iter().map(|k| k.descending).collect();
         for k in keys {
             let i = schema
                 .index_of(&k.column)
                 .map_err(|_| Error::Plan(format!("unknown column {:?}", k.column)))?;
-            columns.push(i);
+            by_index.push(crate::ranksort::Key {
+                column: i,
+                descending: k.descending,
+            });
             // As the Sort primitive orders: nulls last either way.
             fields.push(SortField::new_with_options(
                 schema.field(i).data_type().clone(),
@@ -466,9 +472,8 @@ impl Order {
             ));
         }
         Ok(Order {
-            columns,
+            keys: by_index,
             fields,
-            descending,
         })
     }
 
@@ -477,7 +482,11 @@ impl Order {
     }
 
     fn rows(&self, converter: &RowConverter, b: &RecordBatch) -> Result<Rows> {
-        let cols: Vec<_> = self.columns.iter().map(|&i| b.column(i).clone()).collect();
+        let cols: Vec<_> = self
+            .keys
+            .iter()
+            .map(|k| b.column(k.column).clone())
+            .collect();
         Ok(converter.convert_columns(&cols)?)
     }
 
@@ -486,13 +495,7 @@ impl Order {
     /// keys), else by the keys' row format, the row's place in the chunk
     /// breaking ties.
     fn sort_chunk(&self, schema: &SchemaRef, chunk: &[RecordBatch]) -> Result<Vec<RecordBatch>> {
-        let keys: Vec<crate::ranksort::Key> = self
-            .columns
-            .iter()
-            .zip(&self.descending)
-            .map(|(&column, &descending)| crate::ranksort::Key { column, descending })
-            .collect();
-        if let Some(sorted) = crate::ranksort::sort(schema, chunk, &keys, BATCH_ROWS)? {
+        if let Some(sorted) = crate::ranksort::sort(schema, chunk, &self.keys, BATCH_ROWS)? {
             return Ok(sorted);
         }
         let all = concat_batches(schema, chunk)?;
@@ -738,7 +741,7 @@ enum Step {
     Scan(ScanFilter),
     /// Sort the whole input (an external sort within `mem`), unless the
     /// reader takes its rows in any order.
-    Sort { keys: Vec<SortKey>, mem: WorkMemory },
+    Sort { order: Order, mem: WorkMemory },
 }
 
 /// A deferred Scan's or Sort's source: its row blocks, from the start,
@@ -796,15 +799,12 @@ impl Spilled {
         bytes: u64,
         mem: WorkMemory,
     ) -> Result<Spilled> {
-        Order::new(&schema, keys)?;
+        let order = Order::new(&schema, keys)?;
         Ok(Spilled {
             schema,
             form: Form::Deferred {
                 sources,
-                step: Step::Sort {
-                    keys: keys.to_vec(),
-                    mem,
-                },
+                step: Step::Sort { order, mem },
             },
             rows: 0,
             bytes,
@@ -849,16 +849,15 @@ impl Spilled {
                         let filter = filter.clone();
                         Ok(Box::new(input.map(move |b| filter.apply(&b?))))
                     }
-                    // An input that fits the budget is sorted whole, as
-                    // the Sort would have sorted it in memory.
-                    Step::Sort { keys, mem } if self.bytes <= mem.budget as u64 => {
-                        let input = input.collect::<Result<Vec<_>>>()?;
-                        let sorted =
-                            Order::new(&self.schema, keys)?.sort_chunk(&self.schema, &input)?;
-                        Ok(Box::new(sorted.into_iter().map(Ok)))
-                    }
-                    Step::Sort { keys, mem } => {
-                        match sort(self.schema.clone(), keys, input, mem)?.1 {
+                    Step::Sort { order, mem } => {
+                        // An input that fits the budget is sorted whole,
+                        // as the Sort would have sorted it in memory.
+                        let chunk = if self.bytes <= mem.budget as u64 {
+                            mem.budget
+                        } else {
+                            mem.budget / CHUNKS_PER_BUDGET
+                        };
+                        match sort(self.schema.clone(), order, input, mem, chunk)?.1 {
                             Sorted::Whole(b) => Ok(Box::new(b.into_iter().map(Ok))),
                             Sorted::Runs(runs) => runs.blocks(),
                         }

@@ -286,10 +286,6 @@ fn eval_i64<'a>(x: &Scaled, batch: &'a RecordBatch) -> Option<Vals<'a>> {
     }
 }
 
-/// Runs shorter than this on average are added row by row
-/// ([`add_rows`]), not a run at a time.
-const MIN_MEAN_RUN: usize = 8;
-
 /// The runs of equal group ids in a row block: (group, first row, end).
 /// The Sort leaves whole batches in one group, so this is one run or two.
 /// `None` when there are more than `at_most` (rows not clustered by group:
@@ -550,7 +546,8 @@ pub fn aggregate(
     let mut counts = vec![0i128; groups];
     for (batch, ids) in batches.iter().zip(ids) {
         let ids = ids.as_primitive::<arrow::datatypes::UInt32Type>().values();
-        let runs = runs(ids, ids.len() / MIN_MEAN_RUN);
+        // Runs as short as unclustered input's are added row by row.
+        let runs = runs(ids, ids.len() / crate::rungroup::MIN_MEAN_RUN);
         let add = |values: &Vals, sums: &mut [i128]| match &runs {
             Some(runs) => add_runs(runs, values, sums),
             None => add_rows(ids, values, sums),
