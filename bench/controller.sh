@@ -106,6 +106,11 @@ cpu_ticks() {
   awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0
 }
 
+# The same, split: user ticks, then system (kernel) ticks.
+cpu_split() {
+  awk '{ print $14, $15 }' "/proc/$1/stat" 2>/dev/null || echo 0 0
+}
+
 wait_port() {
   for _ in $(seq 1 200); do
     if [ "$1" = rebound-unix ]; then
@@ -264,7 +269,7 @@ echo "raw results: $wcsv"
 # measured runtime only, divided by the I/Os fio counted in it.
 ramp=${RAMP:-$((runtime / 2))}
 ccsv="$out/controller-cpu.csv"
-echo "server,load,round,iops,cpu_us_per_io,read_p99_us,write_p99_us" > "$ccsv"
+echo "server,load,round,iops,cpu_us_per_io,read_p99_us,write_p99_us,user_us_per_io,sys_us_per_io" > "$ccsv"
 read -r -a loads <<< "${LOADS:-20000 60000}"
 read -r -a cservers <<< "${CPU_SERVERS:-rebound rebound-unix nbdkit-file nbdkit-null}"
 total=$((rounds * ${#cservers[@]} * ${#loads[@]})); n=0
@@ -278,21 +283,27 @@ for round in $(seq 1 "$rounds"); do
       # 75% reads: split the offered load between the directions.
       printf 'rate_iops=%d,%d\nramp_time=%d\n' $((load * 3 / 4)) $((load / 4)) "$ramp" >> "$work/rate.fio"
       rm -f "$work/cpu0"
-      (sleep "$ramp"; echo "$(cpu_ticks "$pid") $(date +%s.%N)" > "$work/cpu0") &
+      (sleep "$ramp"; echo "$(cpu_split "$pid") $(date +%s.%N)" > "$work/cpu0") &
       sampler=$!
       fio "$work/rate.fio" --output-format=json 2>"$work/fio.err" | sed -n '/^{/,$p' > "$work/out.json" \
         || { echo "controller.sh: fio failed against $s:" >&2; tail -5 "$work/fio.err" >&2; exit 1; }
-      cpu1=$(cpu_ticks "$pid"); t1=$(date +%s.%N)
+      read -r user1 sys1 < <(cpu_split "$pid"); t1=$(date +%s.%N)
       wait "$sampler"
-      read -r cpu0 t0 < "$work/cpu0"
+      read -r user0 sys0 t0 < "$work/cpu0"
       stop
       # I/Os in the window: fio's rate over its measured runtime, times the
       # window the CPU time was taken over.
-      jq -r --arg s "$s" --arg l "$load" --arg r "$round" --arg cpu "$(( cpu1 - cpu0 ))" --arg hz "$ticks" \
-          --arg secs "$(echo "$t1 - $t0" | bc -l)" '.jobs[0] as $j | [$s, $l, $r,
+      # User and system time apart: what the server does itself, and what
+      # it asks of the kernel (system calls, copies, wake-ups).
+      jq -r --arg s "$s" --arg l "$load" --arg r "$round" --arg user "$(( user1 - user0 ))" \
+          --arg sys "$(( sys1 - sys0 ))" --arg hz "$ticks" \
+          --arg secs "$(echo "$t1 - $t0" | bc -l)" '.jobs[0] as $j
+          | (1e6 / ($hz | tonumber) / (($j.read.iops + $j.write.iops) * ($secs | tonumber))) as $per
+          | [$s, $l, $r,
           ($j.read.iops + $j.write.iops),
-          (($cpu | tonumber) / ($hz | tonumber) * 1e6 / (($j.read.iops + $j.write.iops) * ($secs | tonumber))),
-          ($j.read.clat_ns.percentile["99.000000"] / 1000), ($j.write.clat_ns.percentile["99.000000"] / 1000)] | @csv' \
+          ((($user | tonumber) + ($sys | tonumber)) * $per),
+          ($j.read.clat_ns.percentile["99.000000"] / 1000), ($j.write.clat_ns.percentile["99.000000"] / 1000),
+          (($user | tonumber) * $per), (($sys | tonumber) * $per)] | @csv' \
         "$work/out.json" | tr -d '"' >> "$ccsv"
     done
   done
@@ -300,16 +311,16 @@ done
 printf '\r%75s\r' '' >&2
 echo
 echo "server CPU per I/O at fixed offered loads (cache-standard, rate_iops 75/25): $rounds round(s) of ${runtime}s after ${ramp}s of ramp, median per server and load"
-awk -F, 'NR > 1 { k = $1 " " $2; n[k]++; c[k, n[k]] = $5; i[k, n[k]] = $4; rp[k, n[k]] = $6; wp[k, n[k]] = $7; if (!(k in seen)) { seen[k] = 1; order[++q] = k } }
+awk -F, 'NR > 1 { k = $1 " " $2; n[k]++; c[k, n[k]] = $5; i[k, n[k]] = $4; rp[k, n[k]] = $6; wp[k, n[k]] = $7; us[k, n[k]] = $8; sy[k, n[k]] = $9; if (!(k in seen)) { seen[k] = 1; order[++q] = k } }
 END {
-  printf "%-14s %10s %10s %12s %13s %12s %12s\n", "server", "offered", "IOPS", "CPU µs/IO", "vs null", "read p99 µs", "write p99 µs"
+  printf "%-14s %10s %10s %12s %13s %10s %10s %12s %12s\n", "server", "offered", "IOPS", "CPU µs/IO", "vs null", "user µs", "sys µs", "read p99 µs", "write p99 µs"
   for (a = 1; a <= q; a++) { k = order[a]; m = n[k]
     for (x = 1; x <= m; x++) idx[x] = x
     for (x = 1; x <= m; x++) for (y = x + 1; y <= m; y++) if (c[k, idx[y]] < c[k, idx[x]]) { t = idx[x]; idx[x] = idx[y]; idx[y] = t }
-    j = idx[int((m + 1) / 2)]; med[k] = c[k, j]; io[k] = i[k, j]; r9[k] = rp[k, j]; w9[k] = wp[k, j] }
+    j = idx[int((m + 1) / 2)]; med[k] = c[k, j]; io[k] = i[k, j]; r9[k] = rp[k, j]; w9[k] = wp[k, j]; u9[k] = us[k, j]; s9[k] = sy[k, j] }
   for (a = 1; a <= q; a++) { k = order[a]; split(k, w, " ")
     floor = med["nbdkit-null " w[2]]
-    printf "%-14s %10d %10.0f %12.1f %13s %12.0f %12.0f\n", w[1], w[2], io[k], med[k], (floor > 0 ? sprintf("%.2fx", med[k] / floor) : "-"), r9[k], w9[k] }
+    printf "%-14s %10d %10.0f %12.1f %13s %10.1f %10.1f %12.0f %12.0f\n", w[1], w[2], io[k], med[k], (floor > 0 ? sprintf("%.2fx", med[k] / floor) : "-"), u9[k], s9[k], r9[k], w9[k] }
   for (a = 1; a <= q; a++) { k = order[a]; split(k, w, " ")
     floor = med["nbdkit-null " w[2]]
     if (w[1] == "rebound" && floor > 0)

@@ -140,7 +140,7 @@ fn cpu_medians(csv: &Path) -> anyhow::Result<CpuMedians> {
     for line in text.lines().skip(1) {
         let f: Vec<&str> = line.split(',').collect();
         anyhow::ensure!(
-            f.len() == 7,
+            f.len() == 9,
             "malformed line in {}: {line:?}",
             csv.display()
         );
@@ -209,12 +209,12 @@ mod tests {
         let csv = dir.path().join("controller-cpu.csv");
         std::fs::write(
             &csv,
-            "server,load,round,iops,cpu_us_per_io,read_p99_us,write_p99_us\n\
-             rebound,20000,1,19990,30.0,1,1\n\
-             nbdkit-null,20000,1,19990,20.0,1,1\n\
-             rebound,20000,2,19990,10.0,1,1\n\
-             rebound,20000,3,19990,50.0,1,1\n\
-             rebound,60000,1,59000,25.0,1,1\n",
+            "server,load,round,iops,cpu_us_per_io,read_p99_us,write_p99_us,user_us_per_io,sys_us_per_io\n\
+             rebound,20000,1,19990,30.0,1,1,10.0,20.0\n\
+             nbdkit-null,20000,1,19990,20.0,1,1,1.0,19.0\n\
+             rebound,20000,2,19990,10.0,1,1,4.0,6.0\n\
+             rebound,20000,3,19990,50.0,1,1,20.0,30.0\n\
+             rebound,60000,1,59000,25.0,1,1,5.0,20.0\n",
         )
         .unwrap();
         let (servers, loads, m) = cpu_medians(&csv).unwrap();
@@ -230,6 +230,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let csv = dir.path().join("controller-cpu.csv");
         std::fs::write(&csv, "header\nrebound,20000,1\n").unwrap();
+        let err = cpu_medians(&csv).unwrap_err().to_string();
+        assert!(err.contains("controller-cpu.csv"), "{err}");
+        // A line of the layout before the user and system columns.
+        std::fs::write(&csv, "header\nrebound,20000,1,19990,30.0,1,1\n").unwrap();
         let err = cpu_medians(&csv).unwrap_err().to_string();
         assert!(err.contains("controller-cpu.csv"), "{err}");
     }
