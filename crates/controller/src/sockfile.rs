@@ -19,6 +19,8 @@
 //!   answers is another server's ("another server is using PATH"); a
 //!   regular file, a directory, a symbolic link or anything else is an
 //!   error naming it, and is never deleted.
+//! - [`stop_accepting`] wakes a thread blocked in `accept` (shutdown(2)),
+//!   so an accept loop needs no polling to notice it should end.
 //! - [`peer_uid`] reads the uid of a connected client (`SO_PEERCRED`);
 //!   [`may_use`] allows the server's own effective uid and root only. The
 //!   mode already keeps others from connecting; the check also holds when
@@ -227,6 +229,16 @@ pub fn peer_uid(stream: &UnixStream) -> io::Result<u32> {
     }
     debug_assert_eq!(len as usize, std::mem::size_of::<libc::ucred>());
     Ok(cred.uid)
+}
+
+/// Wake every thread blocked in `accept` on `listener`, now and later: on
+/// Linux, shutdown(2) of a listening socket makes its accepts fail with
+/// `EINVAL`. How a server stops a blocking accept loop without polling.
+pub fn stop_accepting(listener: &UnixListener) {
+    // SAFETY: the descriptor is owned by `listener`, alive for the call;
+    // shutdown(2) changes the socket's state only and does not close or
+    // reuse the descriptor.
+    let _ = unsafe { libc::shutdown(listener.as_raw_fd(), libc::SHUT_RDWR) };
 }
 
 /// Whether a client of uid `uid` may use the admin socket: the server's

@@ -104,10 +104,15 @@ impl Admission {
         fence(Ordering::SeqCst);
     }
 
-    /// A task of the group finished (or backed out of admission).
+    /// A task of the group finished (or backed out of admission). Returns
+    /// the running count before the release: a caller that released a
+    /// group at its sigma bound may have to wake a worker that parked
+    /// because the group's queued tasks could not be admitted
+    /// ([`Shared::released_at_bound`](crate::runtime::Shared::released_at_bound)).
     #[inline]
-    pub(crate) fn release(&self) {
+    pub(crate) fn release(&self) -> u32 {
         let before = self.running.fetch_sub(1, Ordering::SeqCst);
         debug_assert!(before > 0, "running count underflow");
+        before
     }
 }

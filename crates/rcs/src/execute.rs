@@ -89,7 +89,12 @@ impl Executor {
             group.hold_for_recovery(d);
         }
         self.finish(sh, g, result);
-        group.admission.release();
+        let before = group.admission.release();
+        if local.is_some() && before >= group.sigma {
+            // An affiliate ended a task of a group at its bound: a worker
+            // may have parked on that group's queued tasks.
+            sh.released_at_bound(g);
+        }
     }
 
     /// Run the body with its context; on failure, unwind the task's

@@ -16,6 +16,13 @@
 //!   then a `fetch_and` that only one producer can win per worker; the winner
 //!   unparks.
 //!
+//! A thread outside the pools (an affiliate) that ends a task of a group at
+//! its sigma bound wakes one parked eligible worker if the group has queued
+//! tasks: under an enforcing policy a worker parks when every ready group
+//! is at its bound, and nothing else would tell it a slot was freed
+//! (`Shared::released_at_bound`; a worker's own release is followed by its
+//! next scheduling round).
+//!
 //! A producer that is itself a worker eligible for the task, and that found
 //! the queue empty, skips the wake-up: it dispatches the task itself when
 //! its current task ends (waking a parked peer only to find the task gone
@@ -31,7 +38,8 @@
 //! whose token makes an unpark that races ahead of the park harmless; a park
 //! timeout ([`PARK_TIMEOUT`](crate::limits::PARK_TIMEOUT)) is a last line of
 //! defence, not part of the protocol. Checked by loom in `tests/loom.rs`
-//! (`idle_worker_is_woken_or_sees_work`).
+//! (`fused_submit_wakes_a_parking_worker_or_it_sees_work`,
+//! `release_at_bound_wakes_a_parking_worker_or_it_sees_the_slot`).
 
 use crate::sync::{AtomicU64, Ordering, fence};
 

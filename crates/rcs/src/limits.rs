@@ -25,8 +25,12 @@ pub const SIGMA_MAX: u32 = 1 << 16;
 pub const IDLE_SPINS_DEFAULT: u32 = 8;
 /// Largest accepted idle spin count.
 pub const IDLE_SPINS_MAX: u32 = 1 << 16;
-/// Longest a parked worker sleeps before re-checking on its own.
-pub const PARK_TIMEOUT: Duration = Duration::from_millis(10);
+/// Longest a parked worker sleeps before re-checking on its own: a last
+/// line of defence, since every wake-up the protocol needs is explicit
+/// (a submission, a group's recovery ending, an affiliate releasing a
+/// group at its sigma bound). It is what an idle runtime costs: each of
+/// its workers wakes this often.
+pub const PARK_TIMEOUT: Duration = Duration::from_millis(100);
 /// Recovery events kept for [`Handle::recent_events`](crate::Handle::recent_events).
 pub const RECOVERY_EVENTS_MAX: usize = 256;
 /// Largest accepted retry bound of a recovery point.

@@ -226,6 +226,30 @@ impl Shared {
         }
     }
 
+    /// A task of group `g` was released while the group was at its sigma
+    /// bound, on a thread that is not a pool worker. Under an enforcing
+    /// policy a worker parks when every ready group is at its bound
+    /// ([`PoolScheduler::has_work`](crate::scheduler::PoolScheduler::has_work)),
+    /// and a worker's own release is followed by its next scheduling round;
+    /// an affiliate's is not, so it wakes one parked eligible worker if the
+    /// group has queued tasks. Dekker's pattern again: the release is a
+    /// SeqCst read-modify-write and the fence orders it before the loads,
+    /// against the worker's announce, fence, re-check (see [`crate::idle`]).
+    pub(crate) fn released_at_bound(&self, g: GroupId) {
+        crate::sync::fence(crate::sync::Ordering::SeqCst);
+        let queued = self
+            .group_ready
+            .iter()
+            .any(|ready| ready.load() & g.bit() != 0);
+        if queued
+            && let Some(w) = self
+                .idle
+                .claim_one(self.mapping.eligible_workers(self.policy(), g.index()))
+        {
+            self.unpark(w as usize);
+        }
+    }
+
     /// Move queued tasks from the per-group queues to the shared ones, or
     /// back, to match `policy`. Safe to run concurrently with submissions
     /// and with itself.

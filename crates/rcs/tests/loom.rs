@@ -13,6 +13,9 @@
 //!   a concurrent producer, or its re-check sees the producer's work, whether
 //!   the ready bit started clear or stale (no lost wake-up: loom reports a
 //!   worker parked forever as a deadlock);
+//! - release at the sigma bound: a worker that parks because the only
+//!   queued task belongs to a group at its bound is woken by the affiliate
+//!   that releases the group, or its re-check sees the freed slot;
 //! - admission: a dispatcher that passed admission concurrently with a
 //!   recovery's suspension is seen by the recovery's drain check; under
 //!   sigma = 1, two dispatchers never both pass.
@@ -169,5 +172,60 @@ fn sigma_one_admits_one_task() {
         let admitted = [a.join().unwrap(), b.join().unwrap()];
         assert_eq!(admitted.iter().filter(|&&x| x).count(), 1);
         assert_eq!(group.running(), 1);
+    });
+}
+
+/// An affiliate (a thread outside the pools) ends the task that held a
+/// sigma = 1 group at its bound while a worker, finding the group's queued
+/// task inadmissible, parks: the release path (`Executor::run_admitted`,
+/// then `Shared::released_at_bound`) must wake it, or the worker's re-check
+/// (`PoolScheduler::has_work` under an enforcing policy) must see the slot.
+#[test]
+fn release_at_bound_wakes_a_parking_worker_or_it_sees_the_slot() {
+    loom::model(|| {
+        let mask = Arc::new(ready::ReadyMask::new());
+        let idle = Arc::new(idle::IdleSet::new());
+        let group = Arc::new(admission::Admission::new());
+        let suspended = Arc::new(AtomicU64::new(0));
+        let queue = Arc::new(Queue {
+            len: AtomicUsize::new(0),
+        });
+        // The affiliate's task holds the group's only slot; one task waits.
+        assert!(group.admit(1, admission::Sigma::Enforce, &suspended, 1));
+        queue.push();
+        mask.mark(1);
+        let worker = {
+            let (mask, idle, group, suspended, queue) = (
+                Arc::clone(&mask),
+                Arc::clone(&idle),
+                Arc::clone(&group),
+                Arc::clone(&suspended),
+                Arc::clone(&queue),
+            );
+            thread::spawn(move || {
+                loop {
+                    if group.admit(1, admission::Sigma::Enforce, &suspended, 1) {
+                        if queue.pop() {
+                            return;
+                        }
+                        group.release();
+                    }
+                    idle.announce(1);
+                    let has_work = mask.load() & 1 != 0 && group.running() < 1;
+                    if !has_work {
+                        thread::park();
+                    }
+                    idle.retract(1);
+                }
+            })
+        };
+        let before = group.release();
+        if before >= 1 {
+            loom::sync::atomic::fence(Ordering::SeqCst);
+            if mask.load() & 1 != 0 && idle.claim_one(1).is_some() {
+                worker.thread().unpark();
+            }
+        }
+        worker.join().unwrap();
     });
 }

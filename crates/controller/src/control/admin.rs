@@ -71,6 +71,10 @@ pub const REQUEST_BYTES_MAX: usize = 1024;
 pub struct AdminServer {
     file: SocketFile,
     stop: Arc<AtomicBool>,
+    /// Shared with the accept thread, which blocks in `accept`; dropping
+    /// the server shuts it down to wake that thread (no polling: an idle
+    /// server's admin thread never wakes).
+    listener: Arc<UnixListener>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -86,10 +90,11 @@ impl AdminServer {
             "admin socket",
             "choose another --admin path",
         )?;
-        listener.set_nonblocking(true)?;
+        listener.set_nonblocking(false)?;
+        let listener = Arc::new(listener);
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
-            let (stop, ctl) = (Arc::clone(&stop), Arc::clone(ctl));
+            let (stop, ctl, listener) = (Arc::clone(&stop), Arc::clone(ctl), Arc::clone(&listener));
             std::thread::Builder::new()
                 .name("rebound-admin".into())
                 .spawn(move || serve(&listener, &ctl, &stop))?
@@ -97,6 +102,7 @@ impl AdminServer {
         Ok(Self {
             file,
             stop,
+            listener,
             thread: Some(thread),
         })
     }
@@ -110,6 +116,7 @@ impl AdminServer {
 impl Drop for AdminServer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
+        socket::stop_accepting(&self.listener);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -125,9 +132,7 @@ fn serve(listener: &UnixListener, ctl: &Arc<Controller>, stop: &AtomicBool) {
                     tracing::debug!(error = %e, "admin connection");
                 }
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(20));
-            }
+            Err(_) if stop.load(Ordering::SeqCst) => return,
             Err(e) => {
                 tracing::warn!(error = %e, "admin socket accept failed");
                 std::thread::sleep(Duration::from_millis(100));

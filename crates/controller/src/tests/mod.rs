@@ -2,6 +2,7 @@
 //! controller on a temp dir and drive one layer through it. They sit above
 //! every layer (tests/layers.rs), so they may build what they test.
 
+mod admin;
 mod engine;
 mod fuzz_framer;
 mod fuzz_handshake;
