@@ -1086,9 +1086,12 @@ fn read_write_payload(
         .offset
         .checked_add(u64::from(len))
         .is_some_and(|end| end <= ctl.export.size_bytes);
-    let mut payload = vec![0u8; len as usize];
-    if r.read_exact(&mut payload).is_err() {
-        return Ok(None);
+    // Read into uninitialised capacity (`read_to_end` through the
+    // connection's `BufReader` copies without zeroing first).
+    let mut payload = Vec::with_capacity(len as usize);
+    match r.take(u64::from(len)).read_to_end(&mut payload) {
+        Ok(n) if n == len as usize => {}
+        _ => return Ok(None),
     }
     req.payload = payload;
     Ok(Some(if aligned && in_range {
