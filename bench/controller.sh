@@ -25,7 +25,9 @@
 # IOPS), next to nbdkit's null plugin (stores nothing: the floor of the
 # protocol and loopback TCP alone): DIR/controller-cpu.csv and a third table.
 # Taken in steady state: after RAMP seconds of the same load (default half
-# the runtime), over the runtime.
+# the runtime), over the runtime. For rebound, the same time split by
+# thread role (destage threads against the rest, the request path):
+# DIR/controller-cpu-threads.csv and a fourth table.
 #
 # Environment: REBOUND_FLAGS adds flags to `rebound serve` (experiments);
 # SERVERS limits the servers measured (default: all); WRITE_SERVERS
@@ -109,6 +111,21 @@ cpu_ticks() {
 # The same, split: user ticks, then system (kernel) ticks.
 cpu_split() {
   awk '{ print $14, $15 }' "/proc/$1/stat" 2>/dev/null || echo 0 0
+}
+
+# CPU ticks (user + system) of rebound's destage threads: the rcs workers,
+# which run destage's device writes, and the destage syncer (fdatasync).
+# Long-lived threads, so a per-thread sum over a window is exact; the
+# connection threads are what is left of the process's time.
+destage_ticks() {
+  local t c sum=0
+  for t in /proc/"$1"/task/*; do
+    c=$(cat "$t/comm" 2>/dev/null) || continue
+    case "$c" in
+      rebound-worker*|rebound-destage) sum=$((sum + $(awk '{ print $14 + $15 }' "$t/stat" 2>/dev/null || echo 0))) ;;
+    esac
+  done
+  echo "$sum"
 }
 
 wait_port() {
@@ -270,6 +287,10 @@ echo "raw results: $wcsv"
 ramp=${RAMP:-$((runtime / 2))}
 ccsv="$out/controller-cpu.csv"
 echo "server,load,round,iops,cpu_us_per_io,read_p99_us,write_p99_us,user_us_per_io,sys_us_per_io" > "$ccsv"
+# rebound's CPU per I/O split by thread role: the connection threads (the
+# whole request path) and the destage threads (device writes and syncs).
+tcsv="$out/controller-cpu-threads.csv"
+echo "server,load,round,request_path_us_per_io,destage_us_per_io" > "$tcsv"
 read -r -a loads <<< "${LOADS:-20000 60000}"
 read -r -a cservers <<< "${CPU_SERVERS:-rebound rebound-unix nbdkit-file nbdkit-null}"
 total=$((rounds * ${#cservers[@]} * ${#loads[@]})); n=0
@@ -283,13 +304,13 @@ for round in $(seq 1 "$rounds"); do
       # 75% reads: split the offered load between the directions.
       printf 'rate_iops=%d,%d\nramp_time=%d\n' $((load * 3 / 4)) $((load / 4)) "$ramp" >> "$work/rate.fio"
       rm -f "$work/cpu0"
-      (sleep "$ramp"; echo "$(cpu_split "$pid") $(date +%s.%N)" > "$work/cpu0") &
+      (sleep "$ramp"; echo "$(cpu_split "$pid") $(date +%s.%N) $(destage_ticks "$pid")" > "$work/cpu0") &
       sampler=$!
       fio "$work/rate.fio" --output-format=json 2>"$work/fio.err" | sed -n '/^{/,$p' > "$work/out.json" \
         || { echo "controller.sh: fio failed against $s:" >&2; tail -5 "$work/fio.err" >&2; exit 1; }
-      read -r user1 sys1 < <(cpu_split "$pid"); t1=$(date +%s.%N)
+      read -r user1 sys1 < <(cpu_split "$pid"); t1=$(date +%s.%N); d1=$(destage_ticks "$pid")
       wait "$sampler"
-      read -r user0 sys0 t0 < "$work/cpu0"
+      read -r user0 sys0 t0 d0 < "$work/cpu0"
       stop
       # I/Os in the window: fio's rate over its measured runtime, times the
       # window the CPU time was taken over.
@@ -305,6 +326,13 @@ for round in $(seq 1 "$rounds"); do
           ($j.read.clat_ns.percentile["99.000000"] / 1000), ($j.write.clat_ns.percentile["99.000000"] / 1000),
           (($user | tonumber) * $per), (($sys | tonumber) * $per)] | @csv' \
         "$work/out.json" | tr -d '"' >> "$ccsv"
+      if [[ "$s" == rebound* ]]; then
+        jq -r --arg s "$s" --arg l "$load" --arg r "$round" --arg all "$(( user1 + sys1 - user0 - sys0 ))" \
+            --arg d "$(( d1 - d0 ))" --arg hz "$ticks" --arg secs "$(echo "$t1 - $t0" | bc -l)" '.jobs[0] as $j
+            | (1e6 / ($hz | tonumber) / (($j.read.iops + $j.write.iops) * ($secs | tonumber))) as $per
+            | [$s, $l, $r, ((($all | tonumber) - ($d | tonumber)) * $per), (($d | tonumber) * $per)] | @csv' \
+          "$work/out.json" | tr -d '"' >> "$tcsv"
+      fi
     done
   done
 done
@@ -327,3 +355,20 @@ END {
       printf "target: rebound CPU per I/O at most nbdkit-null'"'"'s at %d offered: %.1f vs %.1f µs (%s)\n", w[2], med[k], floor, (med[k] <= floor ? "met" : "MISSED") }
 }' "$ccsv"
 echo "raw results: $ccsv"
+echo
+echo "rebound's CPU per I/O by thread role at the same loads (median round): the request path (every thread but destage's: the connection threads run the protocol, cache, NVS record and replies) and destage (rcs workers' device writes, the syncer's fdatasync writeback), next to nbdkit-null's whole server"
+awk -F, 'FNR == 1 { f++; next }
+  f == 1 && $1 == "nbdkit-null" { k = $2; nn[k]++; nv[k, nn[k]] = $5 }
+  f == 2 { k = $1 " " $2; n[k]++; rp[k, n[k]] = $4; ds[k, n[k]] = $5; if (!(k in seen)) { seen[k] = 1; order[++q] = k } }
+  END {
+    printf "%-14s %10s %18s %12s %18s\n", "server", "offered", "request path µs", "destage µs", "nbdkit-null µs"
+    for (a = 1; a <= q; a++) { k = order[a]; m = n[k]; split(k, w, " ")
+      # the round whose total is the median
+      for (x = 1; x <= m; x++) idx[x] = x
+      for (x = 1; x <= m; x++) for (y = x + 1; y <= m; y++) if (rp[k, idx[y]] + ds[k, idx[y]] < rp[k, idx[x]] + ds[k, idx[x]]) { t = idx[x]; idx[x] = idx[y]; idx[y] = t }
+      j = idx[int((m + 1) / 2)]
+      mm = nn[w[2]]; for (x = 1; x <= mm; x++) v[x] = nv[w[2], x]
+      for (x = 1; x <= mm; x++) for (y = x + 1; y <= mm; y++) if (v[y] < v[x]) { t = v[x]; v[x] = v[y]; v[y] = t }
+      printf "%-14s %10d %18.1f %12.1f %18s\n", w[1], w[2], rp[k, j], ds[k, j], (mm ? sprintf("%.1f", v[int((mm + 1) / 2)]) : "-") }
+  }' "$ccsv" "$tcsv"
+echo "raw results: $tcsv"
