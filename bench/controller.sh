@@ -122,7 +122,7 @@ destage_ticks() {
   for t in /proc/"$1"/task/*; do
     c=$(cat "$t/comm" 2>/dev/null) || continue
     case "$c" in
-      rebound-worker*|rebound-destage) sum=$((sum + $(awk '{ print $14 + $15 }' "$t/stat" 2>/dev/null || echo 0))) ;;
+      rebound-worker*|rebound-destage) sum=$((sum + $(cpu_ticks "$1/task/${t##*/}"))) ;;
     esac
   done
   echo "$sum"
@@ -311,6 +311,7 @@ for round in $(seq 1 "$rounds"); do
       read -r user1 sys1 < <(cpu_split "$pid"); t1=$(date +%s.%N); d1=$(destage_ticks "$pid")
       wait "$sampler"
       read -r user0 sys0 t0 d0 < "$work/cpu0"
+      secs=$(echo "$t1 - $t0" | bc -l)
       stop
       # I/Os in the window: fio's rate over its measured runtime, times the
       # window the CPU time was taken over.
@@ -318,7 +319,7 @@ for round in $(seq 1 "$rounds"); do
       # it asks of the kernel (system calls, copies, wake-ups).
       jq -r --arg s "$s" --arg l "$load" --arg r "$round" --arg user "$(( user1 - user0 ))" \
           --arg sys "$(( sys1 - sys0 ))" --arg hz "$ticks" \
-          --arg secs "$(echo "$t1 - $t0" | bc -l)" '.jobs[0] as $j
+          --arg secs "$secs" '.jobs[0] as $j
           | (1e6 / ($hz | tonumber) / (($j.read.iops + $j.write.iops) * ($secs | tonumber))) as $per
           | [$s, $l, $r,
           ($j.read.iops + $j.write.iops),
@@ -328,7 +329,7 @@ for round in $(seq 1 "$rounds"); do
         "$work/out.json" | tr -d '"' >> "$ccsv"
       if [[ "$s" == rebound* ]]; then
         jq -r --arg s "$s" --arg l "$load" --arg r "$round" --arg all "$(( user1 + sys1 - user0 - sys0 ))" \
-            --arg d "$(( d1 - d0 ))" --arg hz "$ticks" --arg secs "$(echo "$t1 - $t0" | bc -l)" '.jobs[0] as $j
+            --arg d "$(( d1 - d0 ))" --arg hz "$ticks" --arg secs "$secs" '.jobs[0] as $j
             | (1e6 / ($hz | tonumber) / (($j.read.iops + $j.write.iops) * ($secs | tonumber))) as $per
             | [$s, $l, $r, ((($all | tonumber) - ($d | tonumber)) * $per), (($d | tonumber) * $per)] | @csv' \
           "$work/out.json" | tr -d '"' >> "$tcsv"

@@ -235,7 +235,14 @@ impl Shared {
     /// group has queued tasks. Dekker's pattern again: the release is a
     /// SeqCst read-modify-write and the fence orders it before the loads,
     /// against the worker's announce, fence, re-check (see [`crate::idle`]).
+    /// Only the enforcing policies park on bounded work, so under the
+    /// others (the default, dynamic, among them) this is one load on the
+    /// affiliate's hot path; a policy switch wakes every worker itself.
     pub(crate) fn released_at_bound(&self, g: GroupId) {
+        let policy = self.policy();
+        if !policy.needs_static_mapping() {
+            return;
+        }
         crate::sync::fence(crate::sync::Ordering::SeqCst);
         let queued = self
             .group_ready
@@ -244,7 +251,7 @@ impl Shared {
         if queued
             && let Some(w) = self
                 .idle
-                .claim_one(self.mapping.eligible_workers(self.policy(), g.index()))
+                .claim_one(self.mapping.eligible_workers(policy, g.index()))
         {
             self.unpark(w as usize);
         }
