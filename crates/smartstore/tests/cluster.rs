@@ -89,6 +89,65 @@ fn q1_and_scan_equal_a_single_process_run_for_both_layouts() {
     });
 }
 
+/// Without checkpoints Q1's Sort is deferred into the aggregation (which
+/// ignores order): it sorts no row where it stands. With
+/// `Cluster::materialise` every primitive runs where the paper's plan puts
+/// it, as under checkpoints, and nothing is checkpointed: the Sort sorts
+/// every row the Scan selected, no checkpoint phase runs, no node writes an
+/// output object, and the answer is the same. A checkpointed query after
+/// it still checkpoints.
+#[test]
+fn materialise_runs_the_papers_plan_without_checkpointing_and_answers_the_same() {
+    let rt = rt();
+    rt.block_on(async {
+        let (schema, batches) = tpch::lineitem(SF).unwrap();
+        let (want_q1, _) = answers(&schema, &batches).await;
+        let work = tempfile::tempdir().unwrap();
+        let mut c = launch(spec(Layout::Mirror, false), work.path()).await;
+        c.place(schema.clone(), &batches).await.unwrap();
+        let rows = |r: &smartstore::host::QueryReport, i: usize| r.phases[i].rows;
+
+        let deferred = c.run_query(Query::Q1, false).await.unwrap();
+        assert_eq!(tpch::to_csv(&deferred.result).unwrap(), want_q1);
+        assert_eq!(rows(&deferred, 1), 0, "the Sort deferred");
+
+        c.materialise = true;
+        let planned = c.run_query(Query::Q1, false).await.unwrap();
+        assert_eq!(tpch::to_csv(&planned.result).unwrap(), want_q1);
+        let scanned = rows(&planned, 0);
+        // Q1's Scan keeps the lineitems shipped by 1998-09-02: nearly all.
+        assert!(
+            scanned > batches.iter().map(|b| b.num_rows() as u64).sum::<u64>() * 9 / 10,
+            "{scanned}"
+        );
+        assert_eq!(rows(&planned, 1), scanned, "the Sort sorts every row");
+        assert!(
+            !planned
+                .phases
+                .iter()
+                .any(|p| p.name.starts_with("checkpoint")),
+            "{:?}",
+            planned.phases.iter().map(|p| &p.name).collect::<Vec<_>>()
+        );
+        for d in &c.dirs {
+            for out in names::Q1_OUT {
+                let object = d.join(format!("{out}.obj"));
+                assert!(!object.exists(), "{}", object.display());
+            }
+        }
+
+        let checkpointed = c.run_query(Query::Q1, true).await.unwrap();
+        assert_eq!(tpch::to_csv(&checkpointed.result).unwrap(), want_q1);
+        assert!(
+            checkpointed
+                .phases
+                .iter()
+                .any(|p| p.name == "checkpoint sort"),
+        );
+        c.shutdown();
+    });
+}
+
 #[test]
 fn checkpoints_land_on_the_redundancy_group() {
     let rt = rt();

@@ -99,6 +99,12 @@ pub struct Cluster {
     pub progress: Option<Progress>,
     /// How checkpoints are encoded (see [`crate::codec`]).
     pub codec: Codec,
+    /// Run every primitive where the paper's plan puts it, materialising
+    /// its output, even in a query without checkpoints (no node defers a
+    /// primitive into its reader). Off by default; `rebound bench
+    /// smartstore` turns it on to split Q1's checkpoint cost into what the
+    /// checkpointed plan costs and what the checkpoints themselves cost.
+    pub materialise: bool,
     /// The last query run's number (parity folds are per run).
     epoch: u64,
 }
@@ -299,6 +305,7 @@ impl Cluster {
             net: None,
             progress: None,
             codec: Codec::default(),
+            materialise: false,
             epoch: first_epoch(),
         })
     }

@@ -25,6 +25,10 @@ use crate::wire::Stats;
 struct InFlight {
     query: Query,
     checkpoint: bool,
+    /// Whether a node may defer a primitive into its reader: only when no
+    /// checkpoint needs the primitive's output, and the cluster does not
+    /// ask for the paper's plan as it is ([`Cluster::materialise`]).
+    defer: bool,
     fault: Option<Fault>,
     /// The primitives, in order.
     prims: Vec<Primitive>,
@@ -124,6 +128,7 @@ impl Cluster {
         let mut q = InFlight {
             query,
             checkpoint,
+            defer: !checkpoint && !self.materialise,
             fault,
             prims,
             outs,
@@ -280,7 +285,7 @@ impl Cluster {
         }
         let t = Instant::now();
         // Without checkpoints a node may defer a primitive into its reader.
-        let results = run_on(&mut q.workers, q.outs[k], &q.prims[k], !q.checkpoint, None).await;
+        let results = run_on(&mut q.workers, q.outs[k], &q.prims[k], q.defer, None).await;
         let (done, lost) = split_lost(results)?;
         if lost.is_empty() {
             q.phases.push(Phase::from_nodes(
@@ -371,8 +376,7 @@ impl Cluster {
                 self.progress(&format!("running {} again from {src}", q.labels[j]));
             }
             let t = Instant::now();
-            let defer = !q.checkpoint;
-            let results = run_on(&mut q.workers, q.outs[j], &q.prims[j], defer, only).await;
+            let results = run_on(&mut q.workers, q.outs[j], &q.prims[j], q.defer, only).await;
             let named = results.into_iter().collect::<Result<Vec<_>>>()?;
             q.phases.push(Phase::from_nodes(
                 &format!("{} (after recovery)", q.labels[j]),
@@ -414,9 +418,11 @@ async fn collect(q: &mut InFlight) -> Result<QueryReport> {
             (merged.schema(), vec![merged])
         }
     };
+    let merged_rows = result.iter().map(|b| b.num_rows() as u64).sum();
     q.phases.push(Phase {
         background: false,
         checkpoint: None,
+        rows: merged_rows,
         name: if query == Query::Scan {
             "collect"
         } else {

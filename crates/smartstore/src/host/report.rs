@@ -30,6 +30,9 @@ pub struct Phase {
     pub background: bool,
     /// For a checkpoint phase, where its cost went.
     pub checkpoint: Option<CheckpointCost>,
+    /// Rows the phase produced, summed over its nodes: 0 for a primitive a
+    /// node deferred into its reader (it runs, and counts, there).
+    pub rows: u64,
 }
 
 /// Where checkpointing one primitive's output went (section 4.2): the
@@ -69,6 +72,7 @@ impl Phase {
             critical,
             background: false,
             checkpoint: None,
+            rows: nodes.iter().map(|n| n.1.rows_out).sum(),
         }
     }
 
