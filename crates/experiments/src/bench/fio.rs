@@ -13,6 +13,11 @@ pub(super) struct Fio {
     pub mean_us: f64,
     /// 99th percentile completion latency (the worse direction), µs.
     pub p99_us: f64,
+    /// I/Os completed, reads and writes.
+    pub ios: u64,
+    /// The server's CPU time (all threads, user and system) per completed
+    /// I/O over the job, µs, where the caller measured it; 0 otherwise.
+    pub server_cpu_us: f64,
 }
 
 /// Run fio's nbd engine against `127.0.0.1:port`: `job` is
@@ -73,6 +78,7 @@ pub(super) fn fio(
         let d = &j[dir];
         let iops = d["iops"].as_f64().unwrap_or(0.0);
         r.iops += iops;
+        r.ios += d["total_ios"].as_u64().unwrap_or(0);
         weighted += iops * d["clat_ns"]["mean"].as_f64().unwrap_or(0.0);
         let p99 = d["clat_ns"]["percentile"]["99.000000"]
             .as_f64()
