@@ -199,8 +199,8 @@ pub struct ServeArgs {
     hung_after: Option<std::time::Duration>,
     /// Under output commit, also end an epoch early: as soon as the
     /// controller is idle with a client stalled on held output (at most
-    /// every 100 µs), or once output has waited 1 ms, so no client waits a
-    /// whole interval; false: commit only every interval (the paper's
+    /// every 100 µs), when half of what the clients keep in flight is held,
+    /// or once output has waited 1 ms, so no client waits a whole interval; false: commit only every interval (the paper's
     /// fixed epochs) [default: true].
     #[arg(long, value_name = "BOOL")]
     commit_when_idle: Option<bool>,

@@ -614,6 +614,45 @@ fn a_read_of_a_damaged_record_is_answered_eio_without_a_rollback() {
     assert!(status.contains("lost tracks: 1 "), "{status}");
 }
 
+/// A client that keeps 32 requests in flight gets the first half of them
+/// back while the controller runs the second half: its epoch ends once
+/// half of the client's depth is held, not only once the whole batch is
+/// done and the controller idle, which made client and controller take
+/// turns (buffering at 1 x 32 lost a quarter of its throughput so). Every
+/// request is answered once, and answered well.
+#[test]
+fn a_client_with_32_in_flight_gets_half_back_while_the_other_half_runs() {
+    let server = Server::start(
+        "16M",
+        &[
+            "--output-commit",
+            "buffering",
+            "--checkpoint-interval",
+            "20ms",
+        ],
+    );
+    let mut c = Raw::go(&server.addr);
+    let depth = 32u64;
+    for round in 0..40u64 {
+        for i in 0..depth {
+            write(&mut c, round * depth + i, i, (round + i) as u8);
+        }
+        let mut answered = std::collections::BTreeSet::new();
+        for _ in 0..depth {
+            let (cookie, error, _) = c.simple_reply(0);
+            assert_eq!(error, 0, "request {cookie} failed");
+            assert!(answered.insert(cookie), "request {cookie} answered twice");
+        }
+        let sent: std::collections::BTreeSet<u64> = (round * depth..(round + 1) * depth).collect();
+        assert_eq!(answered, sent, "round {round}");
+    }
+    let status = server.admin("status").unwrap();
+    assert!(
+        status_field(&status, " when idle, ", " at half the clients' depth held") > 0,
+        "no epoch ended at half of the client's 32 in flight: {status}"
+    );
+}
+
 /// A write's reply leaves at the commit that cuts its epoch: its data is
 /// in the NVS, so it waits for no device write and no device sync, even
 /// when the commit carries held destage writes and the devices' syncs are
@@ -661,6 +700,11 @@ fn a_writes_reply_leaves_at_the_cut_and_only_a_flush_waits_for_the_device_sync()
     assert!(
         status_field(&status, "epochs ended early: ", " when idle") > 0,
         "a client with one request in flight never made an epoch end when idle: {status}"
+    );
+    assert_eq!(
+        status_field(&status, " when idle, ", " at half the clients' depth held"),
+        0,
+        "one request in flight is too few to end an epoch at half of it: {status}"
     );
     let sent = Instant::now();
     c.request(raw::CMD_FLUSH, 0, 100, 0, 0);

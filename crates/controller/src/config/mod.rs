@@ -46,7 +46,7 @@
 //! control_blocks = 4096                    # requests in flight, all connections
 //! output_commit = "off"                    # rung 3: off | stall | buffering | logging | renaming
 //! checkpoint_interval = "20ms"             # longest epoch when output_commit is on
-//! commit_when_idle = true                  # also end an epoch early: idle with a client stalled on held output, or output waited 1 ms
+//! commit_when_idle = true                  # also end an epoch early: idle with a client stalled on held output, half the clients' depth held, or output waited 1 ms
 //! scrub_interval = "60s"                   # check every dirty NVS record's data this often (0s: off)
 //! # faults armed at start (as `rebound inject` would; for experiments):
 //! inject = ["panic cache.read rate=0.001 count=unlimited",
@@ -397,7 +397,8 @@ pub struct Config {
     #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
     pub checkpoint_interval: Duration,
     /// Also end an epoch early: when the controller is idle with a client
-    /// stalled on held output (at most every 100 µs), or once output has
+    /// stalled on held output (at most every 100 µs), when half of what
+    /// the clients keep in flight is held, or once output has
     /// waited 1 ms ([`crate::engine::epoch::OUTPUT_WAIT_MAX`]), instead of
     /// only every interval.
     pub commit_when_idle: bool,

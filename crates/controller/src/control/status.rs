@@ -85,7 +85,7 @@ fn output_commit(out: &mut String, ctl: &Controller) {
         e.scheme().name(),
         if e.enabled() {
             format!(
-                ", epoch {} every {:?}; {} replies and {} device writes held; {} commits, {} rollbacks; epochs ended early: {} when idle, {} when output waited {:?}",
+                ", epoch {} every {:?}; {} replies and {} device writes held; {} commits, {} rollbacks; epochs ended early: {} when idle, {} at half the clients' depth held, {} when output waited {:?}",
                 e.open(),
                 e.interval(),
                 e.held_replies(),
@@ -93,6 +93,7 @@ fn output_commit(out: &mut String, ctl: &Controller) {
                 st.commits.load(std::sync::atomic::Ordering::Relaxed),
                 st.rollbacks.load(std::sync::atomic::Ordering::Relaxed),
                 st.idle_commits.load(std::sync::atomic::Ordering::Relaxed),
+                st.half_commits.load(std::sync::atomic::Ordering::Relaxed),
                 st.wait_commits.load(std::sync::atomic::Ordering::Relaxed),
                 crate::engine::epoch::OUTPUT_WAIT_MAX,
             )

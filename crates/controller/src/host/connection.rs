@@ -505,7 +505,10 @@ impl Connection {
         }
         self.charged.fetch_add(charge, Ordering::SeqCst);
         let now = self.inflight.fetch_add(1, Ordering::SeqCst) + 1;
-        self.peak_inflight.fetch_max(now, Ordering::Relaxed);
+        let was = self.peak_inflight.fetch_max(now, Ordering::Relaxed);
+        if now > was {
+            self.ctl.engine().epochs.client_depth(i64::from(now - was));
+        }
         true
     }
 
@@ -521,8 +524,25 @@ impl Connection {
         let mut peak = self.peak_inflight.load(Ordering::Relaxed);
         if now_ms.saturating_sub(self.peak_at_ms.load(Ordering::Relaxed)) >= 1000 {
             self.peak_at_ms.store(now_ms, Ordering::Relaxed);
-            peak = (peak / 2).max(inflight);
-            self.peak_inflight.store(peak, Ordering::Relaxed);
+            let halved = (peak / 2).max(inflight);
+            // Exchanged, not stored: an admission raising the peak
+            // meanwhile keeps it, and the output gate's sum of peaks
+            // (`Epochs::client_depth`) moves by exactly what changed.
+            match self.peak_inflight.compare_exchange(
+                peak,
+                halved,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => {
+                    self.ctl
+                        .engine()
+                        .epochs
+                        .client_depth(i64::from(halved) - i64::from(peak));
+                    peak = halved;
+                }
+                Err(now) => peak = now,
+            }
         }
         inflight > 0 && inflight >= peak - peak / 4
     }
@@ -808,6 +828,8 @@ pub fn serve(ctl: Arc<Controller>, socket: Socket, negotiated: Negotiated, id: u
         }
         epochs.reader(false);
         conn.wait_idle();
+        // Its clients' depth leaves the sum with it.
+        epochs.client_depth(-i64::from(conn.peak_inflight.swap(0, Ordering::Relaxed)));
         // Every reply is queued: let the drainer finish sending and leave.
         let mut outbox = conn.outbox.lock();
         outbox.closing = true;
