@@ -304,14 +304,15 @@ impl Epochs {
     /// Put a finished request's reply in the output gate; `idle`: no
     /// request is left in the pipeline and the controller is idle (see
     /// [`Epochs::idle`]; with commits when idle on, the epoch commits now
-    /// rather than at its interval).
+    /// rather than at its interval, as it does once this reply makes half
+    /// of the clients' depth held, [`Epochs::half_depth_held`]).
     pub(crate) fn hold_reply(
         &self,
         req: Box<Request>,
         result: Result<(), (NbdError, String)>,
         idle: bool,
     ) {
-        let first = {
+        let held = {
             let _shared = self.lock.read();
             let epoch = self.open();
             let mut replies = self.replies.lock();
@@ -323,10 +324,10 @@ impl Epochs {
         }
         if idle {
             self.kick_idle();
-        } else if self.half_depth_held(first) {
+        } else if self.half_depth_held(held) {
             self.half_kick.store(true, Ordering::Release);
             self.kick_idle();
-        } else if first == 1 {
+        } else if held == 1 {
             // The epoch's first held output: the checkpoint thread ends
             // the epoch at most OUTPUT_WAIT_MAX from now.
             let now = (self.born.elapsed().as_nanos() as u64).max(1);
