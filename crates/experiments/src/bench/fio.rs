@@ -18,6 +18,25 @@ pub(super) struct Fio {
     /// The server's CPU time (all threads, user and system) per completed
     /// I/O over the job, µs, where the caller measured it; 0 otherwise.
     pub server_cpu_us: f64,
+    /// fio's own CPU time (its job processes, user and system) per
+    /// completed I/O, µs: on a host whose cores fio shares with the
+    /// server, a server that makes its client work harder per I/O (replies
+    /// in small bursts, more wake-ups) loses throughput that its own CPU
+    /// time does not show.
+    pub client_cpu_us: f64,
+}
+
+/// CPU time of this process's children that have ended and been waited
+/// for, user and system, µs (`getrusage(RUSAGE_CHILDREN)`).
+fn children_cpu_us() -> u64 {
+    // SAFETY: an all-zero rusage is a valid value for getrusage to fill.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `u` is a valid, writable rusage for the call.
+    if unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &raw mut u) } != 0 {
+        return 0;
+    }
+    let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+    us(u.ru_utime) + us(u.ru_stime)
 }
 
 /// Run fio's nbd engine against `127.0.0.1:port`: `job` is
@@ -40,6 +59,10 @@ pub(super) fn fio(
         ],
         _ => &["--rw=randwrite"],
     };
+    // fio waits for its job processes, and this waits for fio: the
+    // children's CPU time grows by fio's alone (no other child of this
+    // process ends meanwhile: the server under test runs on).
+    let children_before = children_cpu_us();
     let out = Command::new("fio")
         .args([
             &format!("--name={job}"),
@@ -86,6 +109,9 @@ pub(super) fn fio(
         r.p99_us = r.p99_us.max(p99 / 1000.0);
     }
     anyhow::ensure!(r.iops > 0.0, "fio completed no I/O");
+    if r.ios > 0 {
+        r.client_cpu_us = children_cpu_us().saturating_sub(children_before) as f64 / r.ios as f64;
+    }
     r.mean_us = weighted / r.iops / 1000.0;
     Ok(r)
 }
@@ -104,5 +130,23 @@ fn last_lines(stderr: &[u8], stdout: &[u8]) -> String {
         "it printed nothing".to_string()
     } else {
         tail.join(" | ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_childrens_cpu_time_grows_by_what_a_waited_for_child_spent() {
+        let before = children_cpu_us();
+        // A child that computes for a while, then is waited for.
+        let status = Command::new("sh")
+            .args(["-c", "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done"])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let spent = children_cpu_us() - before;
+        assert!(spent > 10_000, "the child's CPU time counted: {spent} µs");
     }
 }
