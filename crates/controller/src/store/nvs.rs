@@ -94,11 +94,11 @@ pub const KIND_DATA: u16 = 1;
 /// Slot size for 4 KiB tracks.
 pub const SLOT_BYTES: usize = SLOT_HEADER_BYTES + TRACK_BYTES;
 
-// Header layout: each offset derived from the previous field.
 /// How often a reservation waiting for NVS space looks again without a
 /// wake-up ([`Nvs::reserve`]).
 const RESERVE_RECHECK: Duration = Duration::from_millis(10);
 
+// Header layout: each offset derived from the previous field.
 const H_MAGIC: usize = 0;
 const H_KIND: usize = H_MAGIC + 4;
 const H_RESERVED: usize = H_KIND + 2;
