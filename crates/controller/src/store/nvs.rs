@@ -1164,8 +1164,9 @@ mod tests {
         drop(b);
     }
 
-    /// Fill the NVS: every slot reserved.
-    fn fill(nvs: &Nvs) -> Vec<u32> {
+    /// A new NVS with every slot reserved (the slots returned).
+    fn full(dir: &Path) -> (std::sync::Arc<Nvs>, Vec<u32>) {
+        let (nvs, _) = open(dir);
         let half = nvs.slot_count() / 2;
         let mut all = nvs.reserve(half, Duration::from_secs(1)).unwrap();
         all.extend(nvs.reserve(half, Duration::from_secs(1)).unwrap());
@@ -1174,7 +1175,7 @@ mod tests {
             all.extend(nvs.reserve(rest, Duration::from_secs(1)).unwrap());
         }
         assert_eq!(nvs.free_slots(), 0);
-        all
+        (std::sync::Arc::new(nvs), all)
     }
 
     /// Spawn `n` reservations of `each` slots on a full NVS and wait until
@@ -1197,9 +1198,7 @@ mod tests {
     #[test]
     fn a_release_wakes_one_waiter_per_slot_it_gives_back_not_every_waiter() {
         let dir = tempfile::tempdir().unwrap();
-        let (nvs, _) = open(dir.path());
-        let nvs = std::sync::Arc::new(nvs);
-        let all = fill(&nvs);
+        let (nvs, all) = full(dir.path());
         let waiting = waiters(&nvs, 8, 1);
         nvs.release(&all[..1]);
         std::thread::sleep(Duration::from_millis(30));
@@ -1220,9 +1219,7 @@ mod tests {
     #[test]
     fn a_waiter_the_wake_ups_missed_still_gets_a_slot_that_is_free() {
         let dir = tempfile::tempdir().unwrap();
-        let (nvs, _) = open(dir.path());
-        let nvs = std::sync::Arc::new(nvs);
-        let all = fill(&nvs);
+        let (nvs, all) = full(dir.path());
         // Waiting in this order: a reservation of 3, then two of 1 each.
         let spawn = |n: u32, timeout: Duration| {
             let nvs = std::sync::Arc::clone(&nvs);
