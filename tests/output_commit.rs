@@ -468,7 +468,14 @@ fn a_rollback_whose_checkpoint_the_nvs_contradicts_falls_back_to_rung_4() {
         data.iter().all(|&b| b == 0x55),
         "track 5 after the fallback"
     );
-    let status = server.admin("status").unwrap();
+    // The read is answered from the rebuilt state before the system
+    // recovery has finished its bookkeeping: wait for it to be counted.
+    let status = common::wait_status(
+        &server,
+        "the system recovery",
+        Duration::from_secs(30),
+        |s| !s.contains("system recovery (rung 4): RUNNING"),
+    );
     assert_eq!(common::rung_count(&status, "rollback"), 0, "{status}");
     assert_eq!(common::rung_count(&status, "system"), 1, "{status}");
     assert!(status.contains("rollback refused"), "{status}");
