@@ -141,6 +141,12 @@ impl DestageQueue {
         self.unsynced_arrived.notify_one();
     }
 
+    /// Whether a hurry waits for the syncer to take it.
+    #[cfg(test)]
+    pub(crate) fn hurried(&self) -> bool {
+        self.hurry.load(Ordering::Acquire)
+    }
+
     /// Give a batch's writes to the syncer: the worker goes on, the sync
     /// that frees their records runs on the syncer's thread.
     fn hand_over(&self, written: Vec<Unsynced>) {
@@ -459,7 +465,7 @@ pub(crate) fn end_held(ctl: &Engine, track: u64, d: crate::store::cache::Dirty, 
 /// Held destage writes a commit put on their devices, with no FLUSH or FUA
 /// waiting for them: the syncer makes them durable and ends their destages,
 /// so a commit does not wait for a device sync itself. The syncer is
-/// hurried: it syncs back to back while commits hand writes over, each
+/// hurried when there are writes: it syncs back to back while commits hand writes over, each
 /// sync shared by every batch that arrived meanwhile, so committed tracks
 /// do not stay dirty for its interval. A rollback restores (and its
 /// quiesce first syncs) every track still dirty: measured under 8 x 256,
@@ -471,12 +477,18 @@ pub(crate) fn hand_over_held(
     written: impl IntoIterator<Item = (u64, crate::store::cache::Dirty)>,
     ticket: u64,
 ) {
-    ctl.destage.hand_over(
-        written
-            .into_iter()
-            .map(|(track, d)| Unsynced { track, d, ticket })
-            .collect(),
-    );
+    let written: Vec<Unsynced> = written
+        .into_iter()
+        .map(|(track, d)| Unsynced { track, d, ticket })
+        .collect();
+    if written.is_empty() {
+        // A commit that released replies only (a read-only load's every
+        // commit) has nothing for the syncer: hurrying it anyway woke it
+        // once per commit to find nothing, and its wake-up preempted the
+        // checkpoint thread.
+        return;
+    }
+    ctl.destage.hand_over(written);
     ctl.destage.hurry();
 }
 

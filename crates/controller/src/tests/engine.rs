@@ -305,6 +305,31 @@ fn a_rollback_keeps_every_acknowledged_write_under_output_commit() {
     assert_eq!(b.read(2), ok_with(0x33));
 }
 
+#[test]
+fn a_commit_that_releases_only_replies_does_not_hurry_the_destage_syncer() {
+    let _serial = SERIAL.lock();
+    let mut b = Bench::open(OutputCommit::Buffering);
+    let commits = |b: &Bench| {
+        b.engine()
+            .epochs
+            .stats()
+            .commits
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let before = commits(&b);
+    // Reads only: their replies are held, and each commit releases them
+    // with no device write to hand to the syncer.
+    for t in 0..8 {
+        assert_eq!(b.read(t), ok_with(0), "track {t} was never written");
+    }
+    let after = commits(&b);
+    assert!(after > before, "no commit released the held read replies");
+    assert!(
+        !b.engine().destage.hurried(),
+        "a commit with no device writes woke the destage syncer"
+    );
+}
+
 /// One step of a client's life, for the property below.
 #[derive(Debug, Clone)]
 enum Step {
