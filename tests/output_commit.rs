@@ -658,6 +658,12 @@ fn a_client_with_32_in_flight_gets_half_back_while_the_other_half_runs() {
         status_field(&status, " when idle, ", " at half the clients' depth held") > 0,
         "no epoch ended at half of the client's 32 in flight: {status}"
     );
+    // The reply that makes an epoch due commits it on its own thread,
+    // sparing the held replies the checkpoint thread's wake-up.
+    assert!(
+        status_field(&status, "waited 1ms; ", " committed by the replying thread") > 0,
+        "no epoch was committed by the replying thread: {status}"
+    );
 }
 
 /// A write's reply leaves at the commit that cuts its epoch: its data is

@@ -351,6 +351,11 @@ impl PseudoDevice {
         self.state.lock().by_track.values().map(Vec::len).sum()
     }
 
+    /// Whether no write is held.
+    pub fn holds_none(&self) -> bool {
+        self.state.lock().by_track.is_empty()
+    }
+
     /// Whether a write to a track in `[first, end)` is held.
     pub fn holds_in(&self, first: u64, end: u64) -> bool {
         let st = self.state.lock();

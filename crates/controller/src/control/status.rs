@@ -85,7 +85,7 @@ fn output_commit(out: &mut String, ctl: &Controller) {
         e.scheme().name(),
         if e.enabled() {
             format!(
-                ", epoch {} every {:?}; {} replies and {} device writes held; {} commits, {} rollbacks; epochs ended early: {} when idle, {} at half the clients' depth held, {} when output waited {:?}",
+                ", epoch {} every {:?}; {} replies and {} device writes held; {} commits, {} rollbacks; epochs ended early: {} when idle, {} at half the clients' depth held, {} when output waited {:?}; {} committed by the replying thread",
                 e.open(),
                 e.interval(),
                 e.held_replies(),
@@ -96,6 +96,7 @@ fn output_commit(out: &mut String, ctl: &Controller) {
                 st.half_commits.load(std::sync::atomic::Ordering::Relaxed),
                 st.wait_commits.load(std::sync::atomic::Ordering::Relaxed),
                 crate::engine::epoch::OUTPUT_WAIT_MAX,
+                st.here_commits.load(std::sync::atomic::Ordering::Relaxed),
             )
         } else {
             " (no epochs; rollback escalates to rung 4)".to_owned()

@@ -26,12 +26,27 @@
 //! exclusively for the copy and the epoch switch (microseconds). The cut
 //! is the checkpoint: the epoch is committed, and its held replies leave
 //! at once, except those of FLUSH and FUA. Then, outside the lock, the
-//! commit writes the epoch's held device writes to their targets, syncs
-//! the devices, ends those destages, gives back retired NVS slots, and
-//! only then sends the FLUSH and FUA replies, whose success promises the
-//! device writes. A write's reply needs no device write: its data is in
-//! the NVS, whose record stays valid (and named by the checkpoint) until
-//! its destage ends, exactly as without output commit.
+//! epoch's device outputs (`Outputs`) are released: its held device
+//! writes go to their targets, the devices are synced, those destages
+//! end, retired NVS slots go back, and only then do the FLUSH and FUA
+//! replies leave, whose success promises the device writes. A write's
+//! reply needs no device write: its data is in the NVS, whose record stays
+//! valid (and named by the checkpoint) until its destage ends, exactly as
+//! without output commit.
+//!
+//! # Who commits
+//!
+//! The checkpoint thread commits at the interval, and when the first held
+//! reply has waited [`OUTPUT_WAIT_MAX`]. An epoch that ends early because
+//! of a reply (the controller went idle, or half the clients' depth is
+//! held) is committed by the thread that held that reply
+//! (`Epochs::commit_here`): the cut and the release of the replies, with
+//! no hand-off. Its device outputs, if it has any, wait in `behind` for
+//! the checkpoint thread, which releases them in epoch order under
+//! `behind_serial` while replying threads go on cutting epochs (`serial`).
+//! A rollback takes `serial`, then `behind_serial`, and settles what is
+//! still behind as a stopped commit: held writes dropped (their records
+//! are still dirty), FLUSH and FUA requests run again.
 //!
 //! # Rollback
 //!
@@ -65,6 +80,28 @@ pub(crate) struct HeldReply {
     pub(crate) result: Result<(), (NbdError, String)>,
 }
 
+/// What a committed epoch still owes after its cut released its replies:
+/// its device writes, the FLUSH and FUA replies that wait for them, and
+/// the NVS slots it retired ([`Epochs::release_outputs`]).
+pub(crate) struct Outputs {
+    epoch: u64,
+    durable: Vec<HeldReply>,
+    retired: Vec<(u64, u32)>,
+    /// A FLUSH or FUA of the epoch wants a device sync.
+    want_sync: bool,
+}
+
+/// Why a held reply ends its epoch now ([`Epochs::hold_reply`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Due {
+    /// The epoch stays open.
+    No,
+    /// The controller went idle with a client stalled on held output.
+    Idle,
+    /// Half of what the clients keep in flight is held.
+    Half,
+}
+
 /// Counters of the epoch machinery.
 #[derive(Debug, Default)]
 pub struct EpochStats {
@@ -87,6 +124,9 @@ pub struct EpochStats {
     /// Commits that ended their epoch early: half of what the clients
     /// keep in flight was held ([`Epochs::half_depth_held`]).
     pub half_commits: AtomicU64,
+    /// Commits run by the thread whose held reply ended the epoch
+    /// (`Epochs::commit_here`), counted in the idle and half counts too.
+    pub here_commits: AtomicU64,
     /// Device writes released by commits.
     pub writes_released: AtomicU64,
     /// Rollbacks.
@@ -135,6 +175,19 @@ pub struct Epochs {
     lock: RwLock<()>,
     /// One commit or rollback at a time.
     pub(crate) serial: Mutex<()>,
+    /// When the last commit cut its epoch (nanoseconds since `born`):
+    /// epochs that end early are at least [`EPOCH_MIN`] apart.
+    last_cut_ns: AtomicU64,
+    /// Device outputs of epochs committed by a replying thread
+    /// ([`Epochs::commit_here`]), oldest first: the checkpoint thread
+    /// releases them, in order, before anything else under `serial`.
+    behind: Mutex<std::collections::VecDeque<Outputs>>,
+    /// `behind` gained an entry since the checkpoint thread last looked.
+    behind_waiting: AtomicBool,
+    /// Held while a committed epoch's device outputs are released (taken
+    /// after `serial` by whoever holds both): they leave in epoch order,
+    /// and a rollback waits for the one being released.
+    pub(crate) behind_serial: Mutex<()>,
     /// A rollback waits for `serial`: a commit writing held outputs stops
     /// early (see [`Epochs::commit_serial`]).
     pub(crate) preempt: AtomicBool,
@@ -191,6 +244,10 @@ impl Epochs {
             kicked: Condvar::new(),
             lock: RwLock::new(()),
             serial: Mutex::new(()),
+            last_cut_ns: AtomicU64::new(0),
+            behind: Mutex::new(std::collections::VecDeque::new()),
+            behind_waiting: AtomicBool::new(false),
+            behind_serial: Mutex::new(()),
             preempt: AtomicBool::new(false),
             open: AtomicU64::new(1),
             committed: Mutex::new(0),
@@ -229,6 +286,12 @@ impl Epochs {
     /// Held replies now.
     pub fn held_replies(&self) -> usize {
         self.replies.lock().len()
+    }
+
+    /// Committed epochs whose device outputs wait for the checkpoint
+    /// thread (`Epochs::commit_here`).
+    pub fn outputs_behind(&self) -> usize {
+        self.behind.lock().len()
     }
 
     /// Counters.
@@ -303,15 +366,18 @@ impl Epochs {
 
     /// Put a finished request's reply in the output gate; `idle`: no
     /// request is left in the pipeline and the controller is idle (see
-    /// [`Epochs::idle`]; with commits when idle on, the epoch commits now
-    /// rather than at its interval, as it does once this reply makes half
-    /// of the clients' depth held, [`Epochs::half_depth_held`]).
+    /// [`Epochs::idle`]). Returns whether the epoch should end now rather
+    /// than at its interval (with commits when idle on: the controller is
+    /// idle, or this reply makes half of the clients' depth held,
+    /// [`Epochs::half_depth_held`]); the caller then ends it
+    /// ([`Epochs::commit_here`], or [`Epochs::kick`] for the checkpoint
+    /// thread).
     pub(crate) fn hold_reply(
         &self,
         req: Box<Request>,
         result: Result<(), (NbdError, String)>,
         idle: bool,
-    ) {
+    ) -> Due {
         let held = {
             let _shared = self.lock.read();
             let epoch = self.open();
@@ -320,14 +386,15 @@ impl Epochs {
             replies.len()
         };
         if !self.when_idle {
-            return;
+            return Due::No;
         }
         if idle {
-            self.kick_idle();
-        } else if self.half_depth_held(held) {
-            self.half_kick.store(true, Ordering::Release);
-            self.kick_idle();
-        } else if held == 1 {
+            return Due::Idle;
+        }
+        if self.half_depth_held(held) {
+            return Due::Half;
+        }
+        if held == 1 {
             // The epoch's first held output: the checkpoint thread ends
             // the epoch at most OUTPUT_WAIT_MAX from now.
             let now = (self.born.elapsed().as_nanos() as u64).max(1);
@@ -335,6 +402,77 @@ impl Epochs {
             let _kick = self.idle_kick.lock();
             self.kicked.notify_one();
         }
+        Due::No
+    }
+
+    /// Have the checkpoint thread end the epoch (`due`: why), at most
+    /// [`EPOCH_MIN`] after the last cut.
+    pub(crate) fn kick(&self, due: Due) {
+        match due {
+            Due::No => {}
+            Due::Idle => self.kick_idle(),
+            Due::Half => {
+                self.half_kick.store(true, Ordering::Release);
+                self.kick_idle();
+            }
+        }
+    }
+
+    /// End the epoch on the calling thread, whose held reply made it due:
+    /// the cut and the release of its replies, at once. Handing the commit
+    /// to the checkpoint thread cost the held replies that thread's
+    /// wake-up, 40 to 100 µs on the 2-core host with both cores busy, and
+    /// the device writes of the commit before (a kick waits for them).
+    /// The epoch's device outputs ([`Outputs`]) are released here too if
+    /// they hold no device write, FLUSH or FUA; otherwise the checkpoint
+    /// thread releases them, in epoch order, so a replying thread never
+    /// writes to a device. Returns false, having done nothing, when the
+    /// last cut is under [`EPOCH_MIN`] old, another commit or a rollback
+    /// holds `serial`, or a rollback waits for it: the caller then kicks
+    /// the checkpoint thread. The caller holds no lock of the engine's and
+    /// has left the pipeline.
+    pub(crate) fn commit_here(&self, ctl: &Arc<Engine>, due: Due) -> bool {
+        if due == Due::No {
+            return false;
+        }
+        let now = self.since_born();
+        if now < self.last_cut_ns.load(Ordering::Acquire) + EPOCH_MIN.as_nanos() as u64 {
+            return false;
+        }
+        let Some(_serial) = self.serial.try_lock() else {
+            return false;
+        };
+        if self.preempt.load(Ordering::Acquire) {
+            return false;
+        }
+        let why = match due {
+            Due::Half => &self.stats.half_commits,
+            _ => &self.stats.idle_commits,
+        };
+        why.fetch_add(1, Ordering::Relaxed);
+        self.stats.here_commits.fetch_add(1, Ordering::Relaxed);
+        let outputs = self.cut_and_release(ctl);
+        if outputs.durable.is_empty() && !outputs.want_sync && self.device.holds_none() {
+            // Nothing to write or sync: release the rest here too, unless
+            // an earlier epoch's outputs are still on their way (order).
+            if let Some(_behind) = self.behind_serial.try_lock()
+                && self.behind.lock().is_empty()
+            {
+                let stopped = self.release_outputs(ctl, outputs);
+                debug_assert!(!stopped, "no device write to stop");
+                return true;
+            }
+        }
+        self.behind.lock().push_back(outputs);
+        self.behind_waiting.store(true, Ordering::Release);
+        let _kick = self.idle_kick.lock();
+        self.kicked.notify_one();
+        true
+    }
+
+    /// Nanoseconds since `born` (at least 1).
+    fn since_born(&self) -> u64 {
+        (self.born.elapsed().as_nanos() as u64).max(1)
     }
 
     /// Whether `held` replies are half of what the clients keep in flight
@@ -403,11 +541,21 @@ impl Epochs {
         }
     }
 
-    /// Commit the open epoch (the checkpoint thread every interval; rung 4
-    /// before its rebuild; shutdown). Returns the epoch committed.
+    /// Commit the open epoch (the checkpoint thread; shutdown): the cut
+    /// and its replies under `serial`, then its device outputs (and any
+    /// left behind before it) under `behind_serial` only, so a replying
+    /// thread can end the next epoch while they are written. Returns the
+    /// epoch committed.
     pub(crate) fn commit(&self, ctl: &Arc<Engine>) -> u64 {
-        let _serial = self.serial.lock();
-        self.commit_serial(ctl)
+        let epoch = {
+            let _serial = self.serial.lock();
+            let outputs = self.cut_and_release(ctl);
+            let epoch = outputs.epoch;
+            self.behind.lock().push_back(outputs);
+            epoch
+        };
+        self.release_behind(ctl);
+        epoch
     }
 
     /// The cut: copy the epoch's directory changes into the checkpoint
@@ -415,6 +563,7 @@ impl Epochs {
     /// committed. Returns it, its held replies and its retired slots.
     fn cut(&self, ctl: &Engine) -> (u64, Vec<HeldReply>, Vec<(u64, u32)>) {
         let cut_started = Instant::now();
+        self.last_cut_ns.store(self.since_born(), Ordering::Release);
         let (epoch, replies, retired) = {
             let _cut = self.lock.write();
             let epoch = self.open();
@@ -449,14 +598,41 @@ impl Epochs {
         (epoch, replies, retired)
     }
 
-    /// [`Epochs::commit`] with `serial` held by the caller.
+    /// [`Epochs::commit`] with `serial` held by the caller (rung 4 before
+    /// its rebuild): every device output is released on return, unless a
+    /// rollback stopped it.
     pub(crate) fn commit_serial(&self, ctl: &Arc<Engine>) -> u64 {
+        let outputs = self.cut_and_release(ctl);
+        let epoch = outputs.epoch;
+        self.behind.lock().push_back(outputs);
+        self.release_behind(ctl);
+        epoch
+    }
+
+    /// Release the device outputs of committed epochs, oldest first,
+    /// under `behind_serial`; a rollback waiting for `serial` stops them,
+    /// and takes what is left ([`Epochs::begin_rollback`]).
+    pub(crate) fn release_behind(&self, ctl: &Arc<Engine>) {
+        let _behind = self.behind_serial.lock();
+        self.behind_waiting.store(false, Ordering::Release);
+        loop {
+            let Some(outputs) = self.behind.lock().pop_front() else {
+                return;
+            };
+            if self.release_outputs(ctl, outputs) {
+                return;
+            }
+        }
+    }
+
+    /// The cut, then the epoch's replies that promise nothing about the
+    /// devices leave (the paper's network output is released at the
+    /// checkpoint's commit; a write's data is safe in the NVS, whose record
+    /// the checkpoint names until the write reaches its target). Returns
+    /// what the epoch still owes: only a FLUSH or FUA waits for the device
+    /// writes and the sync.
+    fn cut_and_release(&self, ctl: &Engine) -> Outputs {
         let (epoch, replies, retired) = self.cut(ctl);
-        // Replies that promise nothing about the devices leave now (the
-        // paper's network output is released at the checkpoint's commit;
-        // a write's data is safe in the NVS, whose record the checkpoint
-        // names until the write reaches its target). Only a FLUSH or FUA
-        // waits for the device writes and the sync below.
         let (durable, replies): (Vec<HeldReply>, Vec<HeldReply>) = replies
             .into_iter()
             .partition(|r| r.req.promises_durability());
@@ -464,13 +640,29 @@ impl Epochs {
             .replies_released
             .fetch_add(replies.len() as u64, Ordering::Relaxed);
         release_replies(epoch, replies, None);
-        // Then the epoch's device outputs, in order: device writes, their
-        // destages, slots, durability, the FLUSH and FUA replies. A
-        // rollback waiting for us stops the device writes early: the rest
-        // stay held and it drops them (their records are still dirty and
-        // are destaged again), and the held FLUSH and FUA replies go back
-        // to the gate: their requests run again after the rollback (each
-        // is answered once, then).
+        let want_sync = self.sync_needed.swap(false, Ordering::AcqRel);
+        Outputs {
+            epoch,
+            durable,
+            retired,
+            want_sync,
+        }
+    }
+
+    /// Release a committed epoch's device outputs, in order: device writes,
+    /// their destages, slots, durability, the FLUSH and FUA replies. A
+    /// rollback waiting for `serial` stops the device writes early: the
+    /// rest stay held and it drops them (their records are still dirty and
+    /// are destaged again), and the held FLUSH and FUA replies go back to
+    /// the gate: their requests run again after the rollback (each is
+    /// answered once, then). Returns whether it was stopped so.
+    fn release_outputs(&self, ctl: &Arc<Engine>, outputs: Outputs) -> bool {
+        let Outputs {
+            epoch,
+            durable,
+            retired,
+            want_sync,
+        } = outputs;
         let ticket = ctl.volume.sync_ticket();
         let (writes, written, stopped) = self
             .device
@@ -483,7 +675,6 @@ impl Epochs {
         // needs that sync now; renaming's map must be synced with its data.
         // Otherwise the destage syncer, hurried, covers them with its next
         // sync (`hand_over_held`).
-        let want_sync = self.sync_needed.swap(false, Ordering::AcqRel);
         let defer = !want_sync && durable.is_empty() && self.scheme != OutputCommit::Renaming;
         let any_output = want_sync || !writes.is_empty();
         let synced = if any_output && !defer {
@@ -529,7 +720,7 @@ impl Epochs {
             let later = std::mem::take(&mut *held);
             held.extend(durable);
             held.extend(later);
-            return epoch;
+            return true;
         }
         self.stats
             .replies_released
@@ -539,17 +730,28 @@ impl Epochs {
             // Destages ended by this commit may have requeued tracks.
             crate::engine::destage::kick(ctl);
         }
-        epoch
+        false
     }
 
     /// Rollback, under `serial` and with the pipeline quiesced: take the
     /// open epoch's held replies (their requests run again), forget its
     /// retired slots (the NVS free list is rebuilt), and hold the cut lock
     /// for the restore.
+    ///
+    /// Committed epochs whose device outputs a replying thread left behind
+    /// ([`Epochs::commit_here`]) and the rollback stopped are settled as a
+    /// stopped commit is: their held writes are dropped with the open
+    /// epoch's (their records are still dirty), their FLUSH and FUA
+    /// requests run again, their retired slots are forgotten.
     pub(crate) fn begin_rollback(&self) -> (u64, RollbackCut<'_>, Vec<HeldReply>) {
         let cut = self.lock.write();
         let epoch = self.open();
-        let replies = std::mem::take(&mut *self.replies.lock());
+        let mut replies: Vec<HeldReply> = Vec::new();
+        for outputs in std::mem::take(&mut *self.behind.lock()) {
+            replies.extend(outputs.durable);
+        }
+        self.behind_waiting.store(false, Ordering::Release);
+        replies.extend(std::mem::take(&mut *self.replies.lock()));
         self.retired.lock().clear();
         (epoch, RollbackCut { _cut: cut }, replies)
     }
@@ -629,15 +831,16 @@ pub(crate) fn start(ctl: &Arc<Engine>) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("rebound-epoch".into())
         .spawn(move || {
-            let mut last = Instant::now();
             loop {
-                let deadline = last + interval;
-                {
+                let commit_now = {
                     let Some(ctl) = weak.upgrade() else { return };
                     let e = &ctl.epochs;
                     let mut kick = e.idle_kick.lock();
                     loop {
                         let now = Instant::now();
+                        let last =
+                            e.born + Duration::from_nanos(e.last_cut_ns.load(Ordering::Acquire));
+                        let deadline = last + interval;
                         // The open epoch's output has waited long enough.
                         let waited = match e.first_held_ns.load(Ordering::Acquire) {
                             0 => None,
@@ -647,7 +850,27 @@ pub(crate) fn start(ctl: &Arc<Engine>) -> std::io::Result<()> {
                         .map(|w| w.max(last + EPOCH_MIN));
                         let deadline = waited.map_or(deadline, |w| w.min(deadline));
                         if now >= deadline || (*kick && now >= last + EPOCH_MIN) {
-                            break;
+                            // Under the lock, so a kick on its way sets it
+                            // again.
+                            e.kick_pending.store(false, Ordering::Release);
+                            let half = e.half_kick.swap(false, Ordering::AcqRel);
+                            if now < last + interval {
+                                let why = if *kick && half {
+                                    &e.stats.half_commits
+                                } else if *kick {
+                                    &e.stats.idle_commits
+                                } else {
+                                    &e.stats.wait_commits
+                                };
+                                why.fetch_add(1, Ordering::Relaxed);
+                            }
+                            *kick = false;
+                            break true;
+                        }
+                        if e.behind_waiting.load(Ordering::Acquire) {
+                            // A replying thread committed an epoch and
+                            // left its device outputs to us.
+                            break false;
                         }
                         let until = if *kick { last + EPOCH_MIN } else { deadline };
                         // Wake at least every 50 ms to notice a shutdown.
@@ -657,28 +880,16 @@ pub(crate) fn start(ctl: &Arc<Engine>) -> std::io::Result<()> {
                             return;
                         }
                     }
-                    // Under the lock, so a kick on its way sets it again.
-                    e.kick_pending.store(false, Ordering::Release);
-                    let half = e.half_kick.swap(false, Ordering::AcqRel);
-                    let now = Instant::now();
-                    if now < last + interval {
-                        let why = if *kick && half {
-                            &e.stats.half_commits
-                        } else if *kick {
-                            &e.stats.idle_commits
-                        } else {
-                            &e.stats.wait_commits
-                        };
-                        why.fetch_add(1, Ordering::Relaxed);
-                    }
-                    *kick = false;
-                }
+                };
                 let Some(ctl) = weak.upgrade() else { return };
                 if ctl.is_closed() {
                     return;
                 }
-                last = Instant::now();
-                ctl.epochs.commit(&ctl);
+                if commit_now {
+                    ctl.epochs.commit(&ctl);
+                } else {
+                    ctl.epochs.release_behind(&ctl);
+                }
             }
         })?;
     Ok(())

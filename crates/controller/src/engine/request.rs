@@ -473,13 +473,19 @@ impl Request {
             // a failure or a panic injected here changes nothing.
             let _ = std::panic::catch_unwind(|| crate::faults::HOST_GATE.check());
             let idle = ctl.system.in_pipeline() == i64::from(counted) && ctl.epochs.idle();
-            ctl.epochs.hold_reply(
+            let due = ctl.epochs.hold_reply(
                 Box::new(self),
                 result.map_err(|(e, m)| (e, m.to_owned())),
                 idle,
             );
             if counted {
                 ctl.system.left();
+            }
+            // The reply made the epoch due: end it here, out of the
+            // pipeline and holding nothing, or have the checkpoint thread
+            // end it.
+            if !ctl.epochs.commit_here(&ctl, due) {
+                ctl.epochs.kick(due);
             }
             return;
         }

@@ -440,6 +440,8 @@ fn run_rollback(ctl: &Arc<Engine>, cause: &str) -> Result<RollbackReport, System
     // One writing its outputs now stops early for us.
     ctl.epochs.preempt.store(true, Ordering::Release);
     let serial = ctl.epochs.serial.lock();
+    // Device outputs a commit left to the checkpoint thread stop too.
+    let behind = ctl.epochs.behind_serial.lock();
     ctl.epochs.preempt.store(false, Ordering::Release);
     let committed = Instant::now();
     let gate = sys.gate.write();
@@ -471,6 +473,7 @@ fn run_rollback(ctl: &Arc<Engine>, cause: &str) -> Result<RollbackReport, System
     rerun.extend(parked);
     let count = rerun.len() as u64;
     sys.quiescing.store(false, Ordering::SeqCst);
+    drop(behind);
     drop(serial);
     crate::engine::destage::kick(ctl);
     for mut req in rerun {

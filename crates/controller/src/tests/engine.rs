@@ -110,6 +110,12 @@ impl Bench {
 
     /// Admit one request as a connection would, and wait for its reply.
     fn run(&mut self, kind: u16, track: u64, tracks: u32, payload: Vec<u8>) -> Reply {
+        let cookie = self.submit(kind, track, tracks, payload);
+        self.reply(cookie)
+    }
+
+    /// Admit one request as a connection would; its cookie.
+    fn submit(&mut self, kind: u16, track: u64, tracks: u32, payload: Vec<u8>) -> u64 {
         let cookie = self.next_cookie;
         self.next_cookie += 1;
         let header = RequestHeader {
@@ -125,6 +131,11 @@ impl Bench {
         req.payload = payload;
         *self.sink.unfinished.lock() += 1;
         admission::admit(self.engine(), req, slots, None);
+        cookie
+    }
+
+    /// Wait for the reply to `cookie`.
+    fn reply(&self, cookie: u64) -> Reply {
         let mut replies = self.sink.replies.lock();
         loop {
             if let Some(r) = replies.remove(&cookie) {
@@ -303,6 +314,88 @@ fn a_rollback_keeps_every_acknowledged_write_under_output_commit() {
     assert_eq!(b.write(2, 0x33).result, Ok(()));
     assert_eq!(b.flush().result, Ok(()));
     assert_eq!(b.read(2), ok_with(0x33));
+}
+
+/// An epoch that a reply makes due is committed by the replying thread:
+/// its replies leave at the cut, and its device outputs (held destage
+/// writes) are left to the checkpoint thread. Replies do not wait for
+/// them; a rollback that comes before they are released takes them (the
+/// held writes are dropped, their records stay dirty and destage again),
+/// and every acknowledged write reads back and reaches the devices.
+#[test]
+fn replies_leave_while_device_outputs_wait_behind_and_a_rollback_takes_those() {
+    let _serial = SERIAL.lock();
+    let mut b = Bench::open(OutputCommit::Buffering);
+    let engine = Arc::clone(b.engine());
+    let here = |e: &Engine| {
+        e.epochs
+            .stats()
+            .here_commits
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let here_before = here(&engine);
+    // No device output is released while this is held.
+    let behind = engine.epochs.behind_serial.lock();
+    for t in 0..4 {
+        assert_eq!(b.write(t, 0x50 + t as u8).result, Ok(()));
+    }
+    crate::engine::destage::kick(&engine);
+    eventually("the four destage writes held by the pseudo-device", || {
+        engine.epochs.device.held() == 4
+    });
+    // Each read's epoch carries the held writes; its reply still leaves.
+    for t in 0..4 {
+        std::thread::sleep(Duration::from_millis(1));
+        assert_eq!(b.read(t), ok_with(0x50 + t as u8), "track {t}");
+    }
+    assert!(
+        engine.epochs.outputs_behind() > 0,
+        "no committed epoch left its device outputs behind"
+    );
+    assert!(
+        here(&engine) > here_before,
+        "no epoch was committed by the replying thread"
+    );
+    assert_eq!(
+        engine.epochs.device.held(),
+        4,
+        "a device output was released while they were held back"
+    );
+    let rollback = std::thread::spawn({
+        let engine = Arc::clone(&engine);
+        move || engine.rollback("engine test: outputs behind")
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    drop(behind);
+    rollback
+        .join()
+        .expect("rollback thread")
+        .expect("rung 3 rollback");
+    assert_eq!(
+        engine.epochs.outputs_behind(),
+        0,
+        "the rollback left device outputs behind"
+    );
+    for t in 0..4 {
+        assert_eq!(
+            b.read(t),
+            ok_with(0x50 + t as u8),
+            "track {t} after the rollback"
+        );
+    }
+    assert_eq!(b.flush().result, Ok(()));
+    for t in 0..4u64 {
+        let mut on_device = vec![0u8; TRACK_BYTES];
+        engine
+            .volume
+            .read_track(t, &mut on_device)
+            .expect("device read");
+        assert!(
+            on_device.iter().all(|&x| x == 0x50 + t as u8),
+            "track {t} is not on the device after the FLUSH"
+        );
+    }
+    assert!(b.all_finished());
 }
 
 #[test]
