@@ -365,16 +365,7 @@ impl PseudoDevice {
     /// Commit epochs up to `epoch`: write each held track's newest data
     /// to its target, then take the held writes off. Returns them (the
     /// caller ends their destages). `logging`: forget the old copies.
-    ///
-    /// `stop` is asked before each track: a rollback waiting for this
-    /// commit stops it early; the tracks not yet written stay held (the
-    /// rollback drops them; their records are still dirty in the NVS).
-    pub(crate) fn commit(
-        &self,
-        volume: &Volume,
-        epoch: u64,
-        stop: &dyn Fn() -> bool,
-    ) -> (Vec<Held>, std::io::Result<()>, bool) {
+    pub(crate) fn commit(&self, volume: &Volume, epoch: u64) -> (Vec<Held>, std::io::Result<()>) {
         let mut st = self.state.lock();
         let keep = st.undo.split_off(&(epoch + 1));
         st.undo = keep;
@@ -384,16 +375,7 @@ impl PseudoDevice {
         let mut result = Ok(());
         let mut seen = rustc_hash::FxHashSet::default();
         let order: Vec<u64> = order.into_values().flatten().collect();
-        let mut stopped = false;
-        for (i, &track) in order.iter().enumerate() {
-            if stop() {
-                st.order
-                    .entry(epoch)
-                    .or_default()
-                    .extend_from_slice(&order[i..]);
-                stopped = true;
-                break;
-            }
+        for &track in &order {
             if !seen.insert(track) {
                 continue;
             }
@@ -436,7 +418,7 @@ impl PseudoDevice {
                 taken.push(h);
             }
         }
-        (taken, result, stopped)
+        (taken, result)
     }
 
     /// Roll back epochs from `epoch` on: drop their held writes (returned:

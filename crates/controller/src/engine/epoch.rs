@@ -44,9 +44,10 @@
 //! no hand-off. Its device outputs, if it has any, wait in `behind` for
 //! the checkpoint thread, which releases them in epoch order under
 //! `behind_serial` while replying threads go on cutting epochs (`serial`).
-//! A rollback takes `serial`, then `behind_serial`, and settles what is
-//! still behind as a stopped commit: held writes dropped (their records
-//! are still dirty), FLUSH and FUA requests run again.
+//! A rollback takes `serial`, then first releases whatever is behind: those
+//! epochs are committed, so their outputs must leave, and running a
+//! committed FUA write again could undo a later write already
+//! acknowledged.
 //!
 //! # Rollback
 //!
@@ -188,8 +189,9 @@ pub struct Epochs {
     /// after `serial` by whoever holds both): they leave in epoch order,
     /// and a rollback waits for the one being released.
     pub(crate) behind_serial: Mutex<()>,
-    /// A rollback waits for `serial`: a commit writing held outputs stops
-    /// early (see [`Epochs::commit_serial`]).
+    /// A rollback waits for `serial`: replying threads leave the epoch to
+    /// it instead of taking `serial` ahead of it
+    /// (`Epochs::commit_here`).
     pub(crate) preempt: AtomicBool,
     open: AtomicU64,
     committed: Mutex<u64>,
@@ -439,11 +441,23 @@ impl Epochs {
         if now < self.last_cut_ns.load(Ordering::Acquire) + EPOCH_MIN.as_nanos() as u64 {
             return false;
         }
+        if ctl.stopping.load(Ordering::Acquire) {
+            // Shutdown's last commit may have run: leave it to the thread.
+            return false;
+        }
         let Some(_serial) = self.serial.try_lock() else {
             return false;
         };
         if self.preempt.load(Ordering::Acquire) {
             return false;
+        }
+        {
+            // This cut answers every kick sent so far (their replies are
+            // held now); one sent after this still counts.
+            let mut kick = self.idle_kick.lock();
+            *kick = false;
+            self.kick_pending.store(false, Ordering::Release);
+            self.half_kick.store(false, Ordering::Release);
         }
         let why = match due {
             Due::Half => &self.stats.half_commits,
@@ -452,14 +466,19 @@ impl Epochs {
         why.fetch_add(1, Ordering::Relaxed);
         self.stats.here_commits.fetch_add(1, Ordering::Relaxed);
         let outputs = self.cut_and_release(ctl);
-        if outputs.durable.is_empty() && !outputs.want_sync && self.device.holds_none() {
-            // Nothing to write or sync: release the rest here too, unless
-            // an earlier epoch's outputs are still on their way (order).
+        if outputs.durable.is_empty() && !outputs.want_sync {
+            // Nothing to sync: release the rest here too if nothing is
+            // written either, and no earlier epoch's outputs are on their
+            // way (order). `behind_serial` first: every device commit runs
+            // under it, so the check below never waits for device writes.
+            // (A destage that read the epoch before the cut may still add
+            // a held write of it after the check: this thread then writes
+            // that one track.)
             if let Some(_behind) = self.behind_serial.try_lock()
                 && self.behind.lock().is_empty()
+                && self.device.holds_none()
             {
-                let stopped = self.release_outputs(ctl, outputs);
-                debug_assert!(!stopped, "no device write to stop");
+                self.release_outputs(ctl, outputs);
                 return true;
             }
         }
@@ -599,8 +618,7 @@ impl Epochs {
     }
 
     /// [`Epochs::commit`] with `serial` held by the caller (rung 4 before
-    /// its rebuild): every device output is released on return, unless a
-    /// rollback stopped it.
+    /// its rebuild): every device output is released on return.
     pub(crate) fn commit_serial(&self, ctl: &Arc<Engine>) -> u64 {
         let outputs = self.cut_and_release(ctl);
         let epoch = outputs.epoch;
@@ -610,8 +628,8 @@ impl Epochs {
     }
 
     /// Release the device outputs of committed epochs, oldest first,
-    /// under `behind_serial`; a rollback waiting for `serial` stops them,
-    /// and takes what is left ([`Epochs::begin_rollback`]).
+    /// under `behind_serial` (the checkpoint thread; a commit; a rollback
+    /// before it restores anything).
     pub(crate) fn release_behind(&self, ctl: &Arc<Engine>) {
         let _behind = self.behind_serial.lock();
         self.behind_waiting.store(false, Ordering::Release);
@@ -619,9 +637,7 @@ impl Epochs {
             let Some(outputs) = self.behind.lock().pop_front() else {
                 return;
             };
-            if self.release_outputs(ctl, outputs) {
-                return;
-            }
+            self.release_outputs(ctl, outputs);
         }
     }
 
@@ -650,13 +666,10 @@ impl Epochs {
     }
 
     /// Release a committed epoch's device outputs, in order: device writes,
-    /// their destages, slots, durability, the FLUSH and FUA replies. A
-    /// rollback waiting for `serial` stops the device writes early: the
-    /// rest stay held and it drops them (their records are still dirty and
-    /// are destaged again), and the held FLUSH and FUA replies go back to
-    /// the gate: their requests run again after the rollback (each is
-    /// answered once, then). Returns whether it was stopped so.
-    fn release_outputs(&self, ctl: &Arc<Engine>, outputs: Outputs) -> bool {
+    /// their destages, slots, durability, the FLUSH and FUA replies. No
+    /// rollback stops them: the epoch is committed (a FLUSH or FUA run
+    /// again after a rollback could undo a write acknowledged since).
+    fn release_outputs(&self, ctl: &Arc<Engine>, outputs: Outputs) {
         let Outputs {
             epoch,
             durable,
@@ -664,9 +677,7 @@ impl Epochs {
             want_sync,
         } = outputs;
         let ticket = ctl.volume.sync_ticket();
-        let (writes, written, stopped) = self
-            .device
-            .commit(&ctl.volume, epoch, &|| self.preempt.load(Ordering::Acquire));
+        let (writes, written) = self.device.commit(&ctl.volume, epoch);
         if let Err(e) = &written {
             tracing::error!(error = %e, epoch, "output commit: some held writes stay held");
         }
@@ -712,16 +723,6 @@ impl Epochs {
         }
         let slots: Vec<u32> = retired.into_iter().map(|(_, s)| s).collect();
         ctl.nvs.release(&slots);
-        if stopped {
-            if want_sync {
-                self.sync_needed.store(true, Ordering::Release);
-            }
-            let mut held = self.replies.lock();
-            let later = std::mem::take(&mut *held);
-            held.extend(durable);
-            held.extend(later);
-            return true;
-        }
         self.stats
             .replies_released
             .fetch_add(durable.len() as u64, Ordering::Relaxed);
@@ -730,27 +731,33 @@ impl Epochs {
             // Destages ended by this commit may have requeued tracks.
             crate::engine::destage::kick(ctl);
         }
-        false
     }
 
     /// Rollback, under `serial` and with the pipeline quiesced: take the
     /// open epoch's held replies (their requests run again), forget its
     /// retired slots (the NVS free list is rebuilt), and hold the cut lock
     /// for the restore.
-    ///
-    /// Committed epochs whose device outputs a replying thread left behind
-    /// ([`Epochs::commit_here`]) and the rollback stopped are settled as a
-    /// stopped commit is: their held writes are dropped with the open
-    /// epoch's (their records are still dirty), their FLUSH and FUA
-    /// requests run again, their retired slots are forgotten.
+    /// The rollback released the committed epochs' device outputs first
+    /// ([`Epochs::release_behind`]): none is left behind.
     pub(crate) fn begin_rollback(&self) -> (u64, RollbackCut<'_>, Vec<HeldReply>) {
         let cut = self.lock.write();
-        let epoch = self.open();
-        let mut replies: Vec<HeldReply> = Vec::new();
-        for outputs in std::mem::take(&mut *self.behind.lock()) {
+        let behind = std::mem::take(&mut *self.behind.lock());
+        debug_assert!(
+            behind.is_empty(),
+            "a rollback began with committed epochs' device outputs unreleased"
+        );
+        let mut replies = Vec::new();
+        for outputs in behind {
+            // Unreachable (`serial` is held since they were released); if
+            // it were reached, their FLUSH and FUA requests run again
+            // rather than never being answered.
+            tracing::error!(
+                epoch = outputs.epoch,
+                "rollback: a committed epoch's device outputs were not released"
+            );
             replies.extend(outputs.durable);
         }
-        self.behind_waiting.store(false, Ordering::Release);
+        let epoch = self.open();
         replies.extend(std::mem::take(&mut *self.replies.lock()));
         self.retired.lock().clear();
         (epoch, RollbackCut { _cut: cut }, replies)

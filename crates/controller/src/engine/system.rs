@@ -440,9 +440,10 @@ fn run_rollback(ctl: &Arc<Engine>, cause: &str) -> Result<RollbackReport, System
     // One writing its outputs now stops early for us.
     ctl.epochs.preempt.store(true, Ordering::Release);
     let serial = ctl.epochs.serial.lock();
-    // Device outputs a commit left to the checkpoint thread stop too.
-    let behind = ctl.epochs.behind_serial.lock();
     ctl.epochs.preempt.store(false, Ordering::Release);
+    // Epochs committed before it are not rolled back: their device
+    // outputs (and FLUSH and FUA replies) leave first.
+    ctl.epochs.release_behind(ctl);
     let committed = Instant::now();
     let gate = sys.gate.write();
     let gated = Instant::now();
@@ -473,7 +474,6 @@ fn run_rollback(ctl: &Arc<Engine>, cause: &str) -> Result<RollbackReport, System
     rerun.extend(parked);
     let count = rerun.len() as u64;
     sys.quiescing.store(false, Ordering::SeqCst);
-    drop(behind);
     drop(serial);
     crate::engine::destage::kick(ctl);
     for mut req in rerun {

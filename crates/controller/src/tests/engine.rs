@@ -319,11 +319,12 @@ fn a_rollback_keeps_every_acknowledged_write_under_output_commit() {
 /// An epoch that a reply makes due is committed by the replying thread:
 /// its replies leave at the cut, and its device outputs (held destage
 /// writes) are left to the checkpoint thread. Replies do not wait for
-/// them; a rollback that comes before they are released takes them (the
-/// held writes are dropped, their records stay dirty and destage again),
-/// and every acknowledged write reads back and reaches the devices.
+/// them. A rollback that comes before they are released releases them
+/// first (those epochs are committed; it rolls back only the open one):
+/// the held writes are on the devices when it returns, and every
+/// acknowledged write reads back.
 #[test]
-fn replies_leave_while_device_outputs_wait_behind_and_a_rollback_takes_those() {
+fn replies_leave_while_device_outputs_wait_behind_and_a_rollback_releases_those_first() {
     let _serial = SERIAL.lock();
     let mut b = Bench::open(OutputCommit::Buffering);
     let engine = Arc::clone(b.engine());
@@ -376,6 +377,14 @@ fn replies_leave_while_device_outputs_wait_behind_and_a_rollback_takes_those() {
         0,
         "the rollback left device outputs behind"
     );
+    for t in 0..4u64 {
+        let mut data = vec![0u8; TRACK_BYTES];
+        engine.volume.read_track(t, &mut data).expect("device read");
+        assert!(
+            data.iter().all(|&x| x == 0x50 + t as u8),
+            "track {t}: the rollback did not release the committed epoch's held write"
+        );
+    }
     for t in 0..4 {
         assert_eq!(
             b.read(t),
