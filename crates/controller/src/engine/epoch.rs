@@ -179,9 +179,10 @@ pub struct Epochs {
     /// When the last commit cut its epoch (nanoseconds since `born`):
     /// epochs that end early are at least [`EPOCH_MIN`] apart.
     last_cut_ns: AtomicU64,
-    /// Device outputs of epochs committed by a replying thread
-    /// ([`Epochs::commit_here`]), oldest first: the checkpoint thread
-    /// releases them, in order, before anything else under `serial`.
+    /// Device outputs of committed epochs not yet released, oldest first
+    /// (`Epochs::commit_here` leaves them to the checkpoint thread; a
+    /// commit queues its own before it releases them): released in order
+    /// under `behind_serial` ([`Epochs::release_behind`]).
     behind: Mutex<std::collections::VecDeque<Outputs>>,
     /// `behind` gained an entry since the checkpoint thread last looked.
     behind_waiting: AtomicBool,
@@ -427,8 +428,9 @@ impl Epochs {
     /// the device writes of the commit before (a kick waits for them).
     /// The epoch's device outputs ([`Outputs`]) are released here too if
     /// they hold no device write, FLUSH or FUA; otherwise the checkpoint
-    /// thread releases them, in epoch order, so a replying thread never
-    /// writes to a device. Returns false, having done nothing, when the
+    /// thread releases them, in epoch order, so a replying thread does not
+    /// write to a device (but for the rare held write described below).
+    /// Returns false, having done nothing, when the
     /// last cut is under [`EPOCH_MIN`] old, another commit or a rollback
     /// holds `serial`, or a rollback waits for it: the caller then kicks
     /// the checkpoint thread. The caller holds no lock of the engine's and
@@ -686,7 +688,13 @@ impl Epochs {
         // needs that sync now; renaming's map must be synced with its data.
         // Otherwise the destage syncer, hurried, covers them with its next
         // sync (`hand_over_held`).
-        let defer = !want_sync && durable.is_empty() && self.scheme != OutputCommit::Renaming;
+        // Rung 4 commits while quiescing, just before it rebuilds the
+        // directory: the syncer must not end destages under its rebuild,
+        // so that commit syncs and ends them itself.
+        let defer = !want_sync
+            && durable.is_empty()
+            && self.scheme != OutputCommit::Renaming
+            && !ctl.system.is_quiescing();
         let any_output = want_sync || !writes.is_empty();
         let synced = if any_output && !defer {
             ctl.volume.sync().and_then(|()| self.device.sync())

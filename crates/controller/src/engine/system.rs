@@ -290,6 +290,10 @@ fn run(ctl: &Arc<Engine>, cause: &str) -> Result<SystemReport, SystemError> {
     let started = Instant::now();
     tracing::warn!(cause, "rung 4: system recovery starts; quiescing");
     let serial = ctl.epochs.serial.lock();
+    // Committed epochs' device outputs leave before the quiesce, so none
+    // is being released (and none handed to the syncer) under the rebuild;
+    // no more can be queued while `serial` is held.
+    ctl.epochs.release_behind(ctl);
     let gate = sys.gate.write();
     sys.quiescing.store(true, Ordering::SeqCst);
     quiesce(ctl, started, "rung 4");
@@ -437,18 +441,20 @@ fn run_rollback(ctl: &Arc<Engine>, cause: &str) -> Result<RollbackReport, System
     let started = Instant::now();
     tracing::warn!(cause, "rung 3: rollback starts; quiescing");
     // No commit may run from here: the checkpoint is what we go back to.
-    // One writing its outputs now stops early for us.
+    // Replying threads leave `serial` to us while we wait for it.
     ctl.epochs.preempt.store(true, Ordering::Release);
     let serial = ctl.epochs.serial.lock();
     ctl.epochs.preempt.store(false, Ordering::Release);
     // Epochs committed before it are not rolled back: their device
-    // outputs (and FLUSH and FUA replies) leave first.
+    // outputs (and FLUSH and FUA replies) leave first. That takes as long
+    // as the devices take (a slow device makes it long), so the quiesce's
+    // time-out counts from its end.
     ctl.epochs.release_behind(ctl);
     let committed = Instant::now();
     let gate = sys.gate.write();
     let gated = Instant::now();
     sys.quiescing.store(true, Ordering::SeqCst);
-    quiesce(ctl, started, "rung 3");
+    quiesce(ctl, committed, "rung 3");
     let quiesced = Instant::now();
     let parked = std::mem::take(&mut *sys.parked.lock());
     let (epoch, cut, held) = ctl.epochs.begin_rollback();

@@ -319,92 +319,96 @@ fn a_rollback_keeps_every_acknowledged_write_under_output_commit() {
 /// An epoch that a reply makes due is committed by the replying thread:
 /// its replies leave at the cut, and its device outputs (held destage
 /// writes) are left to the checkpoint thread. Replies do not wait for
-/// them. A rollback that comes before they are released releases them
-/// first (those epochs are committed; it rolls back only the open one):
-/// the held writes are on the devices when it returns, and every
-/// acknowledged write reads back.
+/// them. A rollback (rung 3) or a system recovery (rung 4) that comes
+/// before they are released releases them first (those epochs are
+/// committed): the held writes are on the devices when it returns, and
+/// every acknowledged write reads back.
 #[test]
-fn replies_leave_while_device_outputs_wait_behind_and_a_rollback_releases_those_first() {
-    let _serial = SERIAL.lock();
-    let mut b = Bench::open(OutputCommit::Buffering);
-    let engine = Arc::clone(b.engine());
-    let here = |e: &Engine| {
-        e.epochs
-            .stats()
-            .here_commits
-            .load(std::sync::atomic::Ordering::Relaxed)
-    };
-    let here_before = here(&engine);
-    // No device output is released while this is held.
-    let behind = engine.epochs.behind_serial.lock();
-    for t in 0..4 {
-        assert_eq!(b.write(t, 0x50 + t as u8).result, Ok(()));
-    }
-    crate::engine::destage::kick(&engine);
-    eventually("the four destage writes held by the pseudo-device", || {
-        engine.epochs.device.held() == 4
-    });
-    // Each read's epoch carries the held writes; its reply still leaves.
-    for t in 0..4 {
-        std::thread::sleep(Duration::from_millis(1));
-        assert_eq!(b.read(t), ok_with(0x50 + t as u8), "track {t}");
-    }
-    assert!(
-        engine.epochs.outputs_behind() > 0,
-        "no committed epoch left its device outputs behind"
-    );
-    assert!(
-        here(&engine) > here_before,
-        "no epoch was committed by the replying thread"
-    );
-    assert_eq!(
-        engine.epochs.device.held(),
-        4,
-        "a device output was released while they were held back"
-    );
-    let rollback = std::thread::spawn({
-        let engine = Arc::clone(&engine);
-        move || engine.rollback("engine test: outputs behind")
-    });
-    std::thread::sleep(Duration::from_millis(50));
-    drop(behind);
-    rollback
-        .join()
-        .expect("rollback thread")
-        .expect("rung 3 rollback");
-    assert_eq!(
-        engine.epochs.outputs_behind(),
-        0,
-        "the rollback left device outputs behind"
-    );
-    for t in 0..4u64 {
-        let mut data = vec![0u8; TRACK_BYTES];
-        engine.volume.read_track(t, &mut data).expect("device read");
+fn replies_leave_while_device_outputs_wait_behind_and_a_recovery_releases_those_first() {
+    for rung in [3, 4] {
+        let _serial = SERIAL.lock();
+        // A long interval: the checkpoint thread commits only when kicked.
+        let mut b = Bench::open_with(|c| {
+            c.output_commit = OutputCommitSetting(OutputCommit::Buffering);
+            c.checkpoint_interval = Duration::from_secs(10);
+        });
+        let engine = Arc::clone(b.engine());
+        let here = |e: &Engine| {
+            e.epochs
+                .stats()
+                .here_commits
+                .load(std::sync::atomic::Ordering::Relaxed)
+        };
+        let here_before = here(&engine);
+        // No device output is released while this is held. The checkpoint
+        // thread may then wait for it too, so every request here is spaced
+        // past EPOCH_MIN (100 µs): its reply's thread commits the epoch
+        // itself instead of leaving it to that thread.
+        let behind = engine.epochs.behind_serial.lock();
+        for t in 0..4 {
+            std::thread::sleep(Duration::from_millis(1));
+            assert_eq!(b.write(t, 0x50 + t as u8).result, Ok(()));
+        }
+        crate::engine::destage::kick(&engine);
+        eventually("the four destage writes held by the pseudo-device", || {
+            engine.epochs.device.held() == 4
+        });
+        // Each read's epoch carries the held writes; its reply still leaves.
+        for t in 0..4 {
+            std::thread::sleep(Duration::from_millis(1));
+            assert_eq!(b.read(t), ok_with(0x50 + t as u8), "track {t}");
+        }
         assert!(
-            data.iter().all(|&x| x == 0x50 + t as u8),
-            "track {t}: the rollback did not release the committed epoch's held write"
+            engine.epochs.outputs_behind() > 0,
+            "no committed epoch left its device outputs behind"
         );
-    }
-    for t in 0..4 {
+        assert!(
+            here(&engine) > here_before,
+            "no epoch was committed by the replying thread"
+        );
         assert_eq!(
-            b.read(t),
-            ok_with(0x50 + t as u8),
-            "track {t} after the rollback"
+            engine.epochs.device.held(),
+            4,
+            "a device output was released while they were held back"
         );
-    }
-    assert_eq!(b.flush().result, Ok(()));
-    for t in 0..4u64 {
-        let mut on_device = vec![0u8; TRACK_BYTES];
-        engine
-            .volume
-            .read_track(t, &mut on_device)
-            .expect("device read");
-        assert!(
-            on_device.iter().all(|&x| x == 0x50 + t as u8),
-            "track {t} is not on the device after the FLUSH"
+        let recovery = std::thread::spawn({
+            let engine = Arc::clone(&engine);
+            move || match rung {
+                3 => engine.rollback("engine test: outputs behind").map(drop),
+                _ => engine
+                    .system_recover("engine test: outputs behind")
+                    .map(drop),
+            }
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        drop(behind);
+        recovery
+            .join()
+            .expect("recovery thread")
+            .unwrap_or_else(|e| panic!("rung {rung}: {e}"));
+        assert_eq!(
+            engine.epochs.outputs_behind(),
+            0,
+            "rung {rung} left device outputs behind"
         );
+        for t in 0..4u64 {
+            let mut data = vec![0u8; TRACK_BYTES];
+            engine.volume.read_track(t, &mut data).expect("device read");
+            assert!(
+                data.iter().all(|&x| x == 0x50 + t as u8),
+                "rung {rung}, track {t}: the committed epoch's held write was not released"
+            );
+        }
+        for t in 0..4 {
+            assert_eq!(
+                b.read(t),
+                ok_with(0x50 + t as u8),
+                "rung {rung}, track {t} after the recovery"
+            );
+        }
+        assert_eq!(b.flush().result, Ok(()));
+        assert!(b.all_finished());
     }
-    assert!(b.all_finished());
 }
 
 #[test]
