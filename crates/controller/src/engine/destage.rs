@@ -465,9 +465,9 @@ pub(crate) fn end_held(ctl: &Engine, track: u64, d: crate::store::cache::Dirty, 
 /// Held destage writes a commit put on their devices, with no FLUSH or FUA
 /// waiting for them: the syncer makes them durable and ends their destages,
 /// so a commit does not wait for a device sync itself. The syncer is
-/// hurried when there are writes: it syncs back to back while commits hand writes over, each
-/// sync shared by every batch that arrived meanwhile, so committed tracks
-/// do not stay dirty for its interval. A rollback restores (and its
+/// hurried when there are writes: it syncs back to back while commits hand
+/// writes over, each sync shared by every batch that arrived meanwhile, so
+/// committed tracks do not stay dirty for its interval. A rollback restores (and its
 /// quiesce first syncs) every track still dirty: measured under 8 x 256,
 /// waiting for the interval made rollbacks take 60 ms, a sync every 8
 /// commits 8 to 15 ms, back-to-back syncs 1 to 3 ms.

@@ -184,8 +184,6 @@ pub struct Epochs {
     /// commit queues its own before it releases them): released in order
     /// under `behind_serial` ([`Epochs::release_behind`]).
     behind: Mutex<std::collections::VecDeque<Outputs>>,
-    /// `behind` gained an entry since the checkpoint thread last looked.
-    behind_waiting: AtomicBool,
     /// Held while a committed epoch's device outputs are released (taken
     /// after `serial` by whoever holds both): they leave in epoch order,
     /// and a rollback waits for the one being released.
@@ -249,7 +247,6 @@ impl Epochs {
             serial: Mutex::new(()),
             last_cut_ns: AtomicU64::new(0),
             behind: Mutex::new(std::collections::VecDeque::new()),
-            behind_waiting: AtomicBool::new(false),
             behind_serial: Mutex::new(()),
             preempt: AtomicBool::new(false),
             open: AtomicU64::new(1),
@@ -400,8 +397,8 @@ impl Epochs {
         if held == 1 {
             // The epoch's first held output: the checkpoint thread ends
             // the epoch at most OUTPUT_WAIT_MAX from now.
-            let now = (self.born.elapsed().as_nanos() as u64).max(1);
-            self.first_held_ns.store(now, Ordering::Release);
+            self.first_held_ns
+                .store(self.since_born(), Ordering::Release);
             let _kick = self.idle_kick.lock();
             self.kicked.notify_one();
         }
@@ -485,7 +482,6 @@ impl Epochs {
             }
         }
         self.behind.lock().push_back(outputs);
-        self.behind_waiting.store(true, Ordering::Release);
         let _kick = self.idle_kick.lock();
         self.kicked.notify_one();
         true
@@ -570,10 +566,7 @@ impl Epochs {
     pub(crate) fn commit(&self, ctl: &Arc<Engine>) -> u64 {
         let epoch = {
             let _serial = self.serial.lock();
-            let outputs = self.cut_and_release(ctl);
-            let epoch = outputs.epoch;
-            self.behind.lock().push_back(outputs);
-            epoch
+            self.cut_into_behind(ctl)
         };
         self.release_behind(ctl);
         epoch
@@ -622,10 +615,18 @@ impl Epochs {
     /// [`Epochs::commit`] with `serial` held by the caller (rung 4 before
     /// its rebuild): every device output is released on return.
     pub(crate) fn commit_serial(&self, ctl: &Arc<Engine>) -> u64 {
+        let epoch = self.cut_into_behind(ctl);
+        self.release_behind(ctl);
+        epoch
+    }
+
+    /// The cut and its replies ([`Epochs::cut_and_release`]), with the
+    /// epoch's device outputs queued behind those of earlier epochs;
+    /// `serial` held by the caller. Returns the epoch committed.
+    fn cut_into_behind(&self, ctl: &Engine) -> u64 {
         let outputs = self.cut_and_release(ctl);
         let epoch = outputs.epoch;
         self.behind.lock().push_back(outputs);
-        self.release_behind(ctl);
         epoch
     }
 
@@ -634,7 +635,6 @@ impl Epochs {
     /// before it restores anything).
     pub(crate) fn release_behind(&self, ctl: &Arc<Engine>) {
         let _behind = self.behind_serial.lock();
-        self.behind_waiting.store(false, Ordering::Release);
         loop {
             let Some(outputs) = self.behind.lock().pop_front() else {
                 return;
@@ -745,6 +745,7 @@ impl Epochs {
     /// open epoch's held replies (their requests run again), forget its
     /// retired slots (the NVS free list is rebuilt), and hold the cut lock
     /// for the restore.
+    ///
     /// The rollback released the committed epochs' device outputs first
     /// ([`Epochs::release_behind`]): none is left behind.
     pub(crate) fn begin_rollback(&self) -> (u64, RollbackCut<'_>, Vec<HeldReply>) {
@@ -882,9 +883,10 @@ pub(crate) fn start(ctl: &Arc<Engine>) -> std::io::Result<()> {
                             *kick = false;
                             break true;
                         }
-                        if e.behind_waiting.load(Ordering::Acquire) {
+                        if !e.behind.lock().is_empty() {
                             // A replying thread committed an epoch and
-                            // left its device outputs to us.
+                            // left its device outputs to us (it pushes
+                            // them before it notifies, under this lock).
                             break false;
                         }
                         let until = if *kick { last + EPOCH_MIN } else { deadline };
