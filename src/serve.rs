@@ -160,6 +160,13 @@ pub struct ServeArgs {
     /// [default: 4].
     #[arg(long, value_name = "N")]
     connection_threads: Option<usize>,
+    /// Linux scheduling policy of the server's threads: batch
+    /// (SCHED_BATCH: a thread woken by a client's request does not preempt
+    /// the client; it runs on an idle core at once, else when the client
+    /// waits or its time slice ends, and reads every request that came
+    /// meanwhile) or normal (SCHED_OTHER) [default: batch].
+    #[arg(long, value_name = "POLICY", value_parser = controller::sched::SchedPolicy::NAMES.to_vec())]
+    sched_policy: Option<String>,
     /// Outstanding reads and writes per backend device; a full queue makes
     /// an I/O back off and retry (rung 1) [default: 32].
     #[arg(long, value_name = "N")]
@@ -312,6 +319,11 @@ impl ServeArgs {
                 .parse()
                 .map_err(|e: String| anyhow::anyhow!("invalid setting raid: {e}"))?;
         }
+        if let Some(v) = &self.sched_policy {
+            c.sched_policy = v
+                .parse()
+                .map_err(|e: String| anyhow::anyhow!("invalid setting sched_policy: {e}"))?;
+        }
         if let Some(v) = &self.discard {
             c.discard = v
                 .parse()
@@ -438,6 +450,19 @@ pub fn run(args: ServeArgs) -> anyhow::Result<std::process::ExitCode> {
     }
     if let Some(l) = &inherited {
         config.listen = l.endpoint().context("the inherited socket's address")?;
+    }
+    // Before the controller starts its threads: they inherit it.
+    match controller::sched::apply(config.sched_policy) {
+        Ok(threads) => tracing::debug!(
+            policy = config.sched_policy.name(),
+            threads,
+            "scheduling policy set"
+        ),
+        Err(e) => tracing::warn!(
+            policy = config.sched_policy.name(),
+            error = %e,
+            "could not set the threads' scheduling policy; serving under the one inherited"
+        ),
     }
     let signals = Signals::install()?;
     let notifier = crate::systemd::Notifier::from_env()?.map(Arc::new);
@@ -705,6 +730,7 @@ mod tests {
         ("tls_psk", Some("/tmp/rebound-flags.psk")),
         ("socket_mode", Some("0660")),
         ("connection_threads", Some("2")),
+        ("sched_policy", Some("normal")),
         ("device_queue_depth", Some("8")),
         ("control_blocks", Some("100")),
         ("output_commit", Some("stall")),
@@ -754,6 +780,27 @@ mod tests {
                 "--{long} changes nothing in the configuration"
             );
         }
+    }
+
+    #[test]
+    fn the_sched_policy_flag_defaults_to_batch_and_refuses_an_unknown_policy() {
+        let cmd = ServeArgs::augment_args(clap::Command::new("serve").no_binary_name(true));
+        let err = cmd
+            .try_get_matches_from(["--sched-policy", "fifo"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("fifo") && err.contains("batch") && err.contains("normal"),
+            "{err}"
+        );
+        assert_eq!(
+            parse(&[]).merged().unwrap().sched_policy,
+            controller::sched::SchedPolicy::Batch
+        );
+        let c = parse(&["--sched-policy".into(), "normal".into()])
+            .merged()
+            .unwrap();
+        assert_eq!(c.sched_policy, controller::sched::SchedPolicy::Normal);
     }
 
     #[test]

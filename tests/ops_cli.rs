@@ -472,3 +472,55 @@ fn reset_refuses_a_directory_that_is_not_a_data_dir_and_asks_before_deleting() {
     );
     assert!(data.join("volume.toml").exists() && server.nvs.exists());
 }
+
+/// The policy numbers (field 41 of `/proc/PID/task/TID/stat`) of every
+/// thread of `pid`.
+fn thread_policies(pid: u32) -> Vec<(String, i32)> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let path = entry.unwrap().path();
+        let Ok(stat) = std::fs::read_to_string(path.join("stat")) else {
+            continue; // the thread ended meanwhile
+        };
+        let comm = stat[stat.find('(').unwrap() + 1..stat.rfind(')').unwrap()].to_owned();
+        let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+        // Fields after the command start at the third (state): policy is
+        // the 41st, index 38 here.
+        out.push((comm, fields[38].parse().unwrap()));
+    }
+    out
+}
+
+#[test]
+fn serve_runs_every_thread_under_sched_batch_unless_told_normal() {
+    const SCHED_OTHER: i32 = 0;
+    const SCHED_BATCH: i32 = 3;
+    let mut server = Server::start("64M", &[]);
+    let before = thread_policies(server.pid()).len();
+    // A client's connection gets a thread of its own, started later: it
+    // inherits the policy.
+    let _client = std::net::TcpStream::connect(&server.addr).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while thread_policies(server.pid()).len() <= before {
+        assert!(
+            Instant::now() < deadline,
+            "no thread started for the client"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let policies = thread_policies(server.pid());
+    assert!(policies.len() > 3, "{policies:?}");
+    assert!(
+        policies.iter().all(|(_, p)| *p == SCHED_BATCH),
+        "every thread under SCHED_BATCH by default: {policies:?}"
+    );
+    server.stop();
+
+    let mut server = Server::start("64M", &["--sched-policy", "normal"]);
+    let policies = thread_policies(server.pid());
+    assert!(
+        policies.iter().all(|(_, p)| *p == SCHED_OTHER),
+        "--sched-policy normal leaves every thread under SCHED_OTHER: {policies:?}"
+    );
+    server.stop();
+}

@@ -73,6 +73,9 @@ pub mod limits;
 pub mod metrics;
 pub mod nbd;
 pub mod recovery;
+// sched_setscheduler(2), with its SAFETY notes.
+#[allow(unsafe_code)]
+pub mod sched;
 // getsockopt(SO_PEERCRED) and renameat2, each with its SAFETY note.
 #[allow(unsafe_code)]
 pub mod sockfile;

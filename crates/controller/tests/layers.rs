@@ -22,7 +22,7 @@ const LAYERS: &[Layer] = &[
         rank: 0,
         modules: &[
             "limits", "units", "files", "sockfile", "recovery", "timer", "blocking", "metrics",
-            "faults", "nbd",
+            "sched", "faults", "nbd",
         ],
     },
     Layer {

@@ -42,6 +42,7 @@
 //! tls_verify_peer = false                  # clients must show a certificate signed by ca-cert.pem
 //! tls_psk = "/etc/rebound/keys.psk"        # pre-shared keys, psktool's format (identity:hexkey per line)
 //! connection_threads = 4                   # per connection: read requests in turns, run them
+//! sched_policy = "batch"                   # batch (SCHED_BATCH: a client's send does not preempt it for our thread) | normal
 //! device_queue_depth = 32                  # per device; a full queue backs off (rung 1)
 //! control_blocks = 4096                    # requests in flight, all connections
 //! output_commit = "off"                    # rung 3: off | stall | buffering | logging | renaming
@@ -70,6 +71,7 @@ use serde::{Deserialize, Serialize};
 pub use crate::backend::device::LatencyConfig;
 pub use crate::backend::pseudodev::OutputCommit;
 pub use crate::nbd::handshake::TlsMode;
+pub use crate::sched::SchedPolicy;
 pub use crate::units::{parse_duration, parse_size};
 pub use endpoint::Endpoint;
 
@@ -341,6 +343,9 @@ pub struct Config {
     /// Threads per connection: they take turns reading requests and run
     /// them (see `connection`).
     pub connection_threads: usize,
+    /// The Linux scheduling policy of the server's threads
+    /// ([`crate::sched`]).
+    pub sched_policy: SchedPolicy,
     /// Most connections (negotiating or served) from one client address;
     /// 0: no cap. Unix-socket clients are one peer.
     pub max_connections_per_peer: usize,
@@ -541,6 +546,7 @@ impl Default for Config {
             power_loss_tracking: false,
             max_connections: 64,
             connection_threads: 4,
+            sched_policy: SchedPolicy::Batch,
             max_connections_per_peer: 0,
             max_handshakes: 128,
             handshake_timeout: Duration::from_secs(10),
@@ -1167,6 +1173,20 @@ mod tests {
         let err = "trim".parse::<Discard>().unwrap_err();
         assert!(
             err.contains("\"trim\"") && err.contains("keep, unmap"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn sched_policy_is_batch_by_default_and_a_bad_one_is_refused_from_toml() {
+        assert_eq!(Config::default().sched_policy, SchedPolicy::Batch);
+        let c: Config = toml::from_str("sched_policy = \"normal\"").unwrap();
+        assert_eq!(c.sched_policy, SchedPolicy::Normal);
+        let err = toml::from_str::<Config>("sched_policy = \"fifo\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("fifo") && err.contains("batch") && err.contains("normal"),
             "{err}"
         );
     }
