@@ -109,10 +109,12 @@ pub(crate) struct Held {
     data: Data,
 }
 
-/// The buffer area of `buffering`: a file of track-sized slots.
+/// The buffer area of `buffering`: a file of track-sized slots. Slots are
+/// handed out under the pseudo-device's lock; their data is written
+/// outside it (`PseudoDevice::buffer_file`), so destage writes to the
+/// area run in parallel and do not hold up reads or a commit.
 #[derive(Debug)]
 struct BufferArea {
-    file: File,
     path: PathBuf,
     free: Vec<u32>,
     slots: u32,
@@ -151,6 +153,8 @@ struct State {
 pub struct PseudoDevice {
     scheme: OutputCommit,
     state: Mutex<State>,
+    /// `buffering`: the buffer area's file (its slots: `State::buffer`).
+    buffer_file: Option<File>,
 }
 
 impl PseudoDevice {
@@ -168,13 +172,14 @@ impl PseudoDevice {
             std::fs::remove_file(&map_path)?;
             let _ = std::fs::remove_file(&area_path);
         }
+        let mut buffer_file = None;
         if scheme == OutputCommit::Buffering {
             let path = dir.join("output-commit.buffer");
             // Emptied only once it passed the checks (never O_TRUNC).
             let file = crate::files::open_state_file(&path, crate::files::Create::IfMissing)?;
             file.set_len(0)?;
+            buffer_file = Some(file);
             state.buffer = Some(BufferArea {
-                file,
                 path,
                 free: Vec::new(),
                 slots: 0,
@@ -183,6 +188,7 @@ impl PseudoDevice {
         Ok(Self {
             scheme,
             state: Mutex::new(state),
+            buffer_file,
         })
     }
 
@@ -248,13 +254,31 @@ impl PseudoDevice {
                 volume.write_track(track, &data)
             }
             OutputCommit::Stall | OutputCommit::Buffering | OutputCommit::Renaming => {
-                let mut st = self.state.lock();
-                let data = if let Some(b) = &mut st.buffer {
-                    let slot = b.alloc();
-                    if let Err(e) = b.file.write_all_at(&data, BufferArea::offset(slot)) {
-                        b.free.push(slot);
-                        return Err(e);
+                // Buffering: the slot's data is written outside the lock.
+                // No reader looks for the track's held write meanwhile: the
+                // track is destaging, so reads are served from its NVS
+                // record until the commit ends the destage.
+                let buffered = match &self.buffer_file {
+                    Some(file) => {
+                        let slot = {
+                            let mut st = self.state.lock();
+                            st.buffer
+                                .as_mut()
+                                .expect("buffering has a buffer area")
+                                .alloc()
+                        };
+                        if let Err(e) = file.write_all_at(&data, BufferArea::offset(slot)) {
+                            if let Some(b) = self.state.lock().buffer.as_mut() {
+                                b.free.push(slot);
+                            }
+                            return Err(e);
+                        }
+                        Some(slot)
                     }
+                    None => None,
+                };
+                let mut st = self.state.lock();
+                let data = if let Some(slot) = buffered {
                     Data::Buffer(slot, Arc::new(data))
                 } else if let Some(m) = &mut st.rename {
                     let slot = m.alloc();
@@ -365,30 +389,43 @@ impl PseudoDevice {
     /// Commit epochs up to `epoch`: write each held track's newest data
     /// to its target, then take the held writes off. Returns them (the
     /// caller ends their destages). `logging`: forget the old copies.
+    ///
+    /// The target writes run outside the lock: reads of those tracks still
+    /// find their held writes (taken off only once written), and destage
+    /// writes of other tracks go on. One commit runs at a time (the
+    /// output gate's `behind_serial`), no rollback runs meanwhile, and a
+    /// track with a held write gets no other until its destage ends, after
+    /// this returns: so the held writes found here are still there after.
     pub(crate) fn commit(&self, volume: &Volume, epoch: u64) -> (Vec<Held>, std::io::Result<()>) {
-        let mut st = self.state.lock();
-        let keep = st.undo.split_off(&(epoch + 1));
-        st.undo = keep;
-        let later = st.order.split_off(&(epoch + 1));
-        let order = std::mem::replace(&mut st.order, later);
-        let mut taken = Vec::new();
+        // The newest data of each track held up to `epoch`, in issue order,
+        // and how many of its held writes it covers.
+        let mut due: Vec<(u64, usize, Data)> = Vec::new();
+        {
+            let mut st = self.state.lock();
+            let keep = st.undo.split_off(&(epoch + 1));
+            st.undo = keep;
+            let later = st.order.split_off(&(epoch + 1));
+            let order = std::mem::replace(&mut st.order, later);
+            let mut seen = rustc_hash::FxHashSet::default();
+            for track in order.into_values().flatten() {
+                if !seen.insert(track) {
+                    continue;
+                }
+                let Some(list) = st.by_track.get(&track) else {
+                    continue;
+                };
+                let n = list.iter().take_while(|h| h.epoch <= epoch).count();
+                if n > 0 {
+                    due.push((track, n, list[n - 1].data.clone()));
+                }
+            }
+        }
         let mut result = Ok(());
-        let mut seen = rustc_hash::FxHashSet::default();
-        let order: Vec<u64> = order.into_values().flatten().collect();
-        for &track in &order {
-            if !seen.insert(track) {
-                continue;
-            }
-            let Some(list) = st.by_track.get(&track) else {
-                continue;
-            };
-            let n = list.iter().take_while(|h| h.epoch <= epoch).count();
-            if n == 0 {
-                continue;
-            }
-            let newest = list[n - 1].data.clone();
-            let written = match newest {
+        let mut written = Vec::with_capacity(due.len());
+        for (track, n, data) in due {
+            let outcome = match data {
                 Data::Renamed(r) => {
+                    let mut st = self.state.lock();
                     let m = st.rename.as_mut().expect("renamed data has a rename area");
                     m.commit(track, Some(r)).map(|old| {
                         if let Some(old) = old {
@@ -398,15 +435,33 @@ impl PseudoDevice {
                 }
                 Data::Memory(m) | Data::Buffer(_, m) => volume.write_track(track, &m),
             };
-            if let Err(e) = written {
-                // Left held, and back in the order: the next commit tries
-                // again (its destage stays in flight until then).
-                tracing::error!(track, error = %e, "output commit: writing a held track failed");
-                st.order.entry(epoch).or_default().push(track);
-                result = Err(e);
-                continue;
+            match outcome {
+                Ok(()) => written.push((track, n)),
+                Err(e) => {
+                    // Left held, and back in the order: the next commit
+                    // tries again (its destage stays in flight until then).
+                    tracing::error!(track, error = %e, "output commit: writing a held track failed");
+                    self.state
+                        .lock()
+                        .order
+                        .entry(epoch)
+                        .or_default()
+                        .push(track);
+                    result = Err(e);
+                }
             }
-            let list = st.by_track.get_mut(&track).expect("looked up above");
+        }
+        let mut taken = Vec::with_capacity(written.len());
+        let mut st = self.state.lock();
+        for (track, n) in written {
+            let list = st
+                .by_track
+                .get_mut(&track)
+                .expect("a held write stays until its commit takes it off");
+            assert!(
+                list.len() >= n,
+                "track {track}: held writes taken off by another commit"
+            );
             let done: Vec<Held> = list.drain(..n).collect();
             if list.is_empty() {
                 st.by_track.remove(&track);
@@ -464,5 +519,144 @@ impl PseudoDevice {
     /// The buffer area's file, if any.
     pub fn buffer_path(&self) -> Option<PathBuf> {
         self.state.lock().buffer.as_ref().map(|b| b.path.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::raid::Raid;
+
+    const TRACKS: u64 = 64;
+
+    fn track_of(fill: u8) -> Vec<u8> {
+        vec![fill; TRACK_BYTES]
+    }
+
+    /// Every track on the volume holds `old`, and buffering holds a write
+    /// of `new` to each in epoch 1.
+    fn held_over_old(dir: &Path, old: u8, new: u8) -> (Volume, PseudoDevice) {
+        let volume = Volume::open_or_create(
+            &dir.join("vol"),
+            TRACKS * TRACK_BYTES as u64,
+            1,
+            Raid::None,
+            false,
+        )
+        .unwrap();
+        for t in 0..TRACKS {
+            volume.write_track(t, &track_of(old)).unwrap();
+        }
+        let device = PseudoDevice::new(OutputCommit::Buffering, dir, &volume).unwrap();
+        for t in 0..TRACKS {
+            let d = Dirty {
+                slot: t as u32,
+                seq: 1,
+            };
+            device.write(&volume, t, d, track_of(new), 1).unwrap();
+        }
+        assert_eq!(device.held(), TRACKS as usize);
+        (volume, device)
+    }
+
+    #[test]
+    fn a_read_during_a_commit_never_sees_the_data_a_held_write_replaces() {
+        let dir = tempfile::tempdir().unwrap();
+        for round in 0..20u8 {
+            let (old, new) = (round.wrapping_mul(2), round.wrapping_mul(2) + 1);
+            let sub = dir.path().join(format!("r{round}"));
+            std::fs::create_dir_all(&sub).unwrap();
+            let (volume, device) = held_over_old(&sub, old, new);
+            let done = std::sync::atomic::AtomicBool::new(false);
+            std::thread::scope(|s| {
+                let reader = s.spawn(|| {
+                    let mut out = track_of(0);
+                    let mut reads = 0u64;
+                    // At least one pass, and on until the commit is over.
+                    loop {
+                        let over = done.load(std::sync::atomic::Ordering::Acquire);
+                        for t in 0..TRACKS {
+                            device.read(&volume, t, &mut out).unwrap();
+                            assert!(
+                                out.iter().all(|&b| b == new),
+                                "round {round}: track {t} read {} during the commit, not the held {new}",
+                                out[0]
+                            );
+                            reads += 1;
+                        }
+                        if over {
+                            return reads;
+                        }
+                    }
+                });
+                let (taken, written) = device.commit(&volume, 1);
+                // Before any assertion: a failing one must not leave the
+                // reader looping.
+                done.store(true, std::sync::atomic::Ordering::Release);
+                let reads = reader.join();
+                written.unwrap();
+                assert_eq!(taken.len(), TRACKS as usize);
+                assert!(reads.unwrap() >= TRACKS);
+            });
+            assert!(device.holds_none(), "the commit took every held write off");
+            let mut out = track_of(0);
+            for t in 0..TRACKS {
+                volume.read_track(t, &mut out).unwrap();
+                assert!(
+                    out.iter().all(|&b| b == new),
+                    "track {t} on the device after the commit"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_commit_takes_off_only_the_epochs_it_commits_and_frees_their_buffer_slots() {
+        let dir = tempfile::tempdir().unwrap();
+        let volume = Volume::open_or_create(
+            &dir.path().join("vol"),
+            TRACKS * TRACK_BYTES as u64,
+            1,
+            Raid::None,
+            false,
+        )
+        .unwrap();
+        let device = PseudoDevice::new(OutputCommit::Buffering, dir.path(), &volume).unwrap();
+        // The first half of the tracks written in epoch 1, the rest in 2.
+        for t in 0..TRACKS {
+            let epoch = if t < TRACKS / 2 { 1 } else { 2 };
+            let d = Dirty {
+                slot: t as u32,
+                seq: 1,
+            };
+            device
+                .write(&volume, t, d, track_of(epoch as u8), epoch)
+                .unwrap();
+        }
+        let (taken, written) = device.commit(&volume, 1);
+        written.unwrap();
+        assert_eq!(taken.len(), TRACKS as usize / 2);
+        assert!(taken.iter().all(|h| h.epoch == 1 && h.track < TRACKS / 2));
+        assert_eq!(
+            device.held(),
+            TRACKS as usize / 2,
+            "epoch 2's writes stay held"
+        );
+        assert!(device.holds_in(TRACKS / 2, TRACKS) && !device.holds_in(0, TRACKS / 2));
+        assert_eq!(
+            device.state.lock().buffer.as_ref().unwrap().free.len(),
+            TRACKS as usize / 2,
+            "epoch 1's buffer slots are free again"
+        );
+        let (taken, written) = device.commit(&volume, 2);
+        written.unwrap();
+        assert_eq!(taken.len(), TRACKS as usize / 2);
+        assert!(device.holds_none());
+        let mut out = track_of(0);
+        for t in 0..TRACKS {
+            volume.read_track(t, &mut out).unwrap();
+            let want = if t < TRACKS / 2 { 1 } else { 2 };
+            assert!(out.iter().all(|&b| b == want), "track {t}");
+        }
     }
 }
