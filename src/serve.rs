@@ -160,11 +160,12 @@ pub struct ServeArgs {
     /// [default: 4].
     #[arg(long, value_name = "N")]
     connection_threads: Option<usize>,
-    /// Linux scheduling policy of the server's threads: batch
+    /// Linux scheduling policy of the connections' threads: batch
     /// (SCHED_BATCH: a thread woken by a client's request does not preempt
     /// the client; it runs on an idle core at once, else when the client
     /// waits or its time slice ends, and reads every request that came
-    /// meanwhile) or normal (SCHED_OTHER) [default: batch].
+    /// meanwhile) or inherit (leave every thread under the policy the
+    /// process was started with) [default: batch].
     #[arg(long, value_name = "POLICY", value_parser = controller::sched::SchedPolicy::NAMES.to_vec())]
     sched_policy: Option<String>,
     /// Outstanding reads and writes per backend device; a full queue makes
@@ -451,19 +452,6 @@ pub fn run(args: ServeArgs) -> anyhow::Result<std::process::ExitCode> {
     if let Some(l) = &inherited {
         config.listen = l.endpoint().context("the inherited socket's address")?;
     }
-    // Before the controller starts its threads: they inherit it.
-    match controller::sched::apply(config.sched_policy) {
-        Ok(threads) => tracing::debug!(
-            policy = config.sched_policy.name(),
-            threads,
-            "scheduling policy set"
-        ),
-        Err(e) => tracing::warn!(
-            policy = config.sched_policy.name(),
-            error = %e,
-            "could not set the threads' scheduling policy; serving under the one inherited"
-        ),
-    }
     let signals = Signals::install()?;
     let notifier = crate::systemd::Notifier::from_env()?.map(Arc::new);
     let running = Running::start(&config, inherited)?;
@@ -730,7 +718,7 @@ mod tests {
         ("tls_psk", Some("/tmp/rebound-flags.psk")),
         ("socket_mode", Some("0660")),
         ("connection_threads", Some("2")),
-        ("sched_policy", Some("normal")),
+        ("sched_policy", Some("inherit")),
         ("device_queue_depth", Some("8")),
         ("control_blocks", Some("100")),
         ("output_commit", Some("stall")),
@@ -790,17 +778,17 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("fifo") && err.contains("batch") && err.contains("normal"),
+            err.contains("fifo") && err.contains("batch") && err.contains("inherit"),
             "{err}"
         );
         assert_eq!(
             parse(&[]).merged().unwrap().sched_policy,
             controller::sched::SchedPolicy::Batch
         );
-        let c = parse(&["--sched-policy".into(), "normal".into()])
+        let c = parse(&["--sched-policy".into(), "inherit".into()])
             .merged()
             .unwrap();
-        assert_eq!(c.sched_policy, controller::sched::SchedPolicy::Normal);
+        assert_eq!(c.sched_policy, controller::sched::SchedPolicy::Inherit);
     }
 
     #[test]

@@ -491,36 +491,52 @@ fn thread_policies(pid: u32) -> Vec<(String, i32)> {
     out
 }
 
-#[test]
-fn serve_runs_every_thread_under_sched_batch_unless_told_normal() {
-    const SCHED_OTHER: i32 = 0;
-    const SCHED_BATCH: i32 = 3;
-    let mut server = Server::start("64M", &[]);
-    let before = thread_policies(server.pid()).len();
-    // A client's connection gets a thread of its own, started later: it
-    // inherits the policy.
-    let _client = std::net::TcpStream::connect(&server.addr).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while thread_policies(server.pid()).len() <= before {
-        assert!(
-            Instant::now() < deadline,
-            "no thread started for the client"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+/// The policies of `pid`'s threads once a client is in the transmission
+/// phase (its connection's threads started).
+fn policies_with_a_client(server: &Server) -> Vec<(String, i32)> {
+    let mut client = experiments::nbd_client::NbdClient::connect(&server.addr).unwrap();
+    // A request answered: the connection's threads run.
+    client.write(0, &[7u8; 4096]).unwrap();
+    let mut back = [0u8; 4096];
+    client.read(0, &mut back).unwrap();
+    assert_eq!(back, [7u8; 4096]);
     let policies = thread_policies(server.pid());
-    assert!(policies.len() > 3, "{policies:?}");
+    drop(client);
+    policies
+}
+
+#[test]
+fn connection_threads_run_under_sched_batch_and_the_others_keep_theirs() {
+    const SCHED_BATCH: i32 = 3;
+    // What the server inherits from this test (SCHED_OTHER unless the
+    // tests themselves run under another policy).
+    let inherited = controller::sched::thread_policy(0).unwrap();
+    let is_connection = |comm: &str| comm.starts_with("nbd-conn-") || comm.starts_with("nbd-send-");
+    let mut server = Server::start("64M", &["--output-commit", "buffering"]);
+    let policies = policies_with_a_client(&server);
+    let (conn, other): (Vec<_>, Vec<_>) = policies.iter().partition(|(c, _)| is_connection(c));
+    // A reader per connection thread (4 by default) and the sender.
+    assert!(conn.len() >= 2, "{policies:?}");
     assert!(
-        policies.iter().all(|(_, p)| *p == SCHED_BATCH),
-        "every thread under SCHED_BATCH by default: {policies:?}"
+        conn.iter().all(|(_, p)| *p == SCHED_BATCH),
+        "a connection's threads run under SCHED_BATCH by default: {policies:?}"
+    );
+    assert!(
+        other.iter().any(|(c, _)| c == "rebound-epoch")
+            && other.iter().all(|(_, p)| *p == inherited),
+        "every other thread (the checkpoint thread too) keeps policy {inherited}: {policies:?}"
     );
     server.stop();
 
-    let mut server = Server::start("64M", &["--sched-policy", "normal"]);
-    let policies = thread_policies(server.pid());
+    let mut server = Server::start("64M", &["--sched-policy", "inherit"]);
+    let policies = policies_with_a_client(&server);
     assert!(
-        policies.iter().all(|(_, p)| *p == SCHED_OTHER),
-        "--sched-policy normal leaves every thread under SCHED_OTHER: {policies:?}"
+        policies.iter().any(|(c, _)| is_connection(c)),
+        "{policies:?}"
+    );
+    assert!(
+        policies.iter().all(|(_, p)| *p == inherited),
+        "--sched-policy inherit leaves every thread under policy {inherited}: {policies:?}"
     );
     server.stop();
 }

@@ -20,46 +20,42 @@
 //! commit off, 92k to 97k IOPS. The README's bench sections give the
 //! measured tables.
 //!
-//! The policy applies to the whole process: [`apply`] sets it on every
-//! thread that exists (`/proc/self/task`), and threads started later
-//! inherit it from their creator. `rebound serve` applies it before it
-//! starts the controller; in-process users (tests, benches) leave their
-//! threads alone.
+//! Only the threads a client's bytes wake take the policy: each
+//! connection's threads (its readers and its sender) set it on themselves
+//! when the connection enters the transmission phase ([`enter`]). The
+//! threads woken by time or by the controller itself (the checkpoint
+//! thread with its 1 ms output deadline, the timer, the destage syncer,
+//! the task runtime's workers, recovery) keep the policy the process was
+//! started with, so their wake-ups still preempt; so does everything under
+//! `inherit`, which leaves an operator's `chrt` or systemd
+//! `CPUSchedulingPolicy=` alone.
 
 use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::{Deserialize, Serialize};
 
-/// The Linux scheduling policy of the server's threads.
+/// The Linux scheduling policy of the connections' threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SchedPolicy {
-    /// `SCHED_BATCH`: a woken thread does not preempt the running task
-    /// (the default; see the module doc).
+    /// `SCHED_BATCH`: a woken connection thread does not preempt the
+    /// running task (the default; see the module doc).
     #[default]
     Batch,
-    /// `SCHED_OTHER`, the default policy of Linux threads.
-    Normal,
+    /// Leave every thread under the policy the process was started with.
+    Inherit,
 }
 
 impl SchedPolicy {
     /// The valid values, as written in the TOML file and the flag.
-    pub const NAMES: &'static [&'static str] = &["batch", "normal"];
+    pub const NAMES: &'static [&'static str] = &["batch", "inherit"];
 
     /// The name, as the configuration writes it.
     pub fn name(self) -> &'static str {
         match self {
             Self::Batch => "batch",
-            Self::Normal => "normal",
-        }
-    }
-
-    /// The policy's number, as `sched_setscheduler(2)` and the 41st field
-    /// of `/proc/PID/task/TID/stat` give it.
-    pub fn number(self) -> i32 {
-        match self {
-            Self::Batch => libc::SCHED_BATCH,
-            Self::Normal => libc::SCHED_OTHER,
+            Self::Inherit => "inherit",
         }
     }
 }
@@ -70,7 +66,7 @@ impl std::str::FromStr for SchedPolicy {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "batch" => Ok(Self::Batch),
-            "normal" => Ok(Self::Normal),
+            "inherit" => Ok(Self::Inherit),
             other => Err(format!(
                 "unknown scheduling policy {other:?} (expected one of: {})",
                 Self::NAMES.join(", ")
@@ -79,37 +75,34 @@ impl std::str::FromStr for SchedPolicy {
     }
 }
 
-/// Put every thread of this process under `policy`; threads started
-/// afterwards inherit it. Returns how many threads were set. A thread
-/// that ended meanwhile is skipped; any other refusal is returned (the
-/// threads set before it keep the new policy).
-pub fn apply(policy: SchedPolicy) -> io::Result<usize> {
-    let mut set = 0;
-    for entry in std::fs::read_dir("/proc/self/task")? {
-        let Some(tid) = entry?
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<libc::pid_t>().ok())
-        else {
-            continue;
-        };
-        match set_thread(tid, policy) {
-            Ok(()) => set += 1,
-            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
-            Err(e) => return Err(e),
-        }
+/// The calling thread, a connection's, takes `policy` (nothing for
+/// `inherit`). A refusal (a sandbox without `sched_setscheduler`) is
+/// logged once per process; the thread runs on under the policy it has.
+pub fn enter(policy: SchedPolicy) {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    let number = match policy {
+        SchedPolicy::Batch => libc::SCHED_BATCH,
+        SchedPolicy::Inherit => return,
+    };
+    if let Err(e) = set_thread(0, number)
+        && !WARNED.swap(true, Ordering::Relaxed)
+    {
+        tracing::warn!(
+            policy = policy.name(),
+            error = %e,
+            "could not set the connection threads' scheduling policy; they run under the inherited one"
+        );
     }
-    Ok(set)
 }
 
-/// Put thread `tid` (0: the calling thread) under `policy`.
-pub fn set_thread(tid: libc::pid_t, policy: SchedPolicy) -> io::Result<()> {
+/// Put thread `tid` (0: the calling thread) under policy `number`
+/// (`libc::SCHED_*`, priority 0: `SCHED_OTHER` or `SCHED_BATCH`).
+pub fn set_thread(tid: libc::pid_t, number: i32) -> io::Result<()> {
     // Both policies take priority 0 (sched(7)); the nice value stays.
     let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: sched_setscheduler reads one sched_param from the reference
     // we pass, which lives across the call; it touches no other memory.
-    #[allow(unsafe_code)]
-    let rc = unsafe { libc::sched_setscheduler(tid, policy.number(), &param) };
+    let rc = unsafe { libc::sched_setscheduler(tid, number, &param) };
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
@@ -119,7 +112,6 @@ pub fn set_thread(tid: libc::pid_t, policy: SchedPolicy) -> io::Result<()> {
 /// The policy number of thread `tid` (0: the calling thread).
 pub fn thread_policy(tid: libc::pid_t) -> io::Result<i32> {
     // SAFETY: sched_getscheduler takes a thread id and touches no memory.
-    #[allow(unsafe_code)]
     let rc = unsafe { libc::sched_getscheduler(tid) };
     if rc < 0 {
         return Err(io::Error::last_os_error());
@@ -132,16 +124,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_thread_set_to_batch_reports_batch_and_back_to_normal() {
-        // A thread of its own, so the test harness's threads keep theirs.
+    fn a_thread_entering_batch_reports_batch_and_inherit_leaves_it_alone() {
+        // Threads of their own, so the test harness's threads keep theirs.
         std::thread::spawn(|| {
-            assert_eq!(thread_policy(0).unwrap(), libc::SCHED_OTHER);
-            set_thread(0, SchedPolicy::Batch).unwrap();
+            let before = thread_policy(0).unwrap();
+            enter(SchedPolicy::Inherit);
+            assert_eq!(thread_policy(0).unwrap(), before, "inherit changes nothing");
+            enter(SchedPolicy::Batch);
             assert_eq!(thread_policy(0).unwrap(), libc::SCHED_BATCH);
             // A thread started by a batch thread inherits the policy.
             let child = std::thread::spawn(|| thread_policy(0).unwrap());
             assert_eq!(child.join().unwrap(), libc::SCHED_BATCH);
-            set_thread(0, SchedPolicy::Normal).unwrap();
+            set_thread(0, libc::SCHED_OTHER).unwrap();
             assert_eq!(thread_policy(0).unwrap(), libc::SCHED_OTHER);
         })
         .join()
@@ -155,14 +149,14 @@ mod tests {
         }
         let err = "fifo".parse::<SchedPolicy>().unwrap_err();
         assert!(
-            err.contains("\"fifo\"") && err.contains("batch, normal"),
+            err.contains("\"fifo\"") && err.contains("batch, inherit"),
             "{err}"
         );
     }
 
     #[test]
     fn setting_a_thread_that_does_not_exist_fails_with_esrch() {
-        let err = set_thread(libc::pid_t::MAX, SchedPolicy::Batch).unwrap_err();
+        let err = set_thread(libc::pid_t::MAX, libc::SCHED_BATCH).unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::ESRCH));
     }
 }

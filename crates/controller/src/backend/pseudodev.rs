@@ -524,6 +524,8 @@ impl PseudoDevice {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
     use super::*;
     use crate::backend::raid::Raid;
 
@@ -567,14 +569,15 @@ mod tests {
             let sub = dir.path().join(format!("r{round}"));
             std::fs::create_dir_all(&sub).unwrap();
             let (volume, device) = held_over_old(&sub, old, new);
-            let done = std::sync::atomic::AtomicBool::new(false);
+            let done = AtomicBool::new(false);
+            let started = AtomicBool::new(false);
             std::thread::scope(|s| {
                 let reader = s.spawn(|| {
                     let mut out = track_of(0);
                     let mut reads = 0u64;
-                    // At least one pass, and on until the commit is over.
+                    // From before the commit starts until it is over.
                     loop {
-                        let over = done.load(std::sync::atomic::Ordering::Acquire);
+                        let over = done.load(Ordering::Acquire);
                         for t in 0..TRACKS {
                             device.read(&volume, t, &mut out).unwrap();
                             assert!(
@@ -583,16 +586,27 @@ mod tests {
                                 out[0]
                             );
                             reads += 1;
+                            started.store(true, Ordering::Release);
                         }
                         if over {
                             return reads;
                         }
                     }
                 });
+                // Set on every way out (a panicking commit too), so the
+                // reader never loops on and the scope never hangs.
+                struct Over<'a>(&'a AtomicBool);
+                impl Drop for Over<'_> {
+                    fn drop(&mut self) {
+                        self.0.store(true, Ordering::Release);
+                    }
+                }
+                let over = Over(&done);
+                while !started.load(Ordering::Acquire) && !reader.is_finished() {
+                    std::hint::spin_loop();
+                }
                 let (taken, written) = device.commit(&volume, 1);
-                // Before any assertion: a failing one must not leave the
-                // reader looping.
-                done.store(true, std::sync::atomic::Ordering::Release);
+                drop(over);
                 let reads = reader.join();
                 written.unwrap();
                 assert_eq!(taken.len(), TRACKS as usize);

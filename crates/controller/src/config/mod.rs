@@ -42,7 +42,7 @@
 //! tls_verify_peer = false                  # clients must show a certificate signed by ca-cert.pem
 //! tls_psk = "/etc/rebound/keys.psk"        # pre-shared keys, psktool's format (identity:hexkey per line)
 //! connection_threads = 4                   # per connection: read requests in turns, run them
-//! sched_policy = "batch"                   # batch (SCHED_BATCH: a client's send does not preempt it for our thread) | normal
+//! sched_policy = "batch"                   # connection threads: batch (SCHED_BATCH: a client's send does not preempt it for them) | inherit
 //! device_queue_depth = 32                  # per device; a full queue backs off (rung 1)
 //! control_blocks = 4096                    # requests in flight, all connections
 //! output_commit = "off"                    # rung 3: off | stall | buffering | logging | renaming
@@ -343,7 +343,7 @@ pub struct Config {
     /// Threads per connection: they take turns reading requests and run
     /// them (see `connection`).
     pub connection_threads: usize,
-    /// The Linux scheduling policy of the server's threads
+    /// The Linux scheduling policy of the connections' threads
     /// ([`crate::sched`]).
     pub sched_policy: SchedPolicy,
     /// Most connections (negotiating or served) from one client address;
@@ -1180,13 +1180,13 @@ mod tests {
     #[test]
     fn sched_policy_is_batch_by_default_and_a_bad_one_is_refused_from_toml() {
         assert_eq!(Config::default().sched_policy, SchedPolicy::Batch);
-        let c: Config = toml::from_str("sched_policy = \"normal\"").unwrap();
-        assert_eq!(c.sched_policy, SchedPolicy::Normal);
+        let c: Config = toml::from_str("sched_policy = \"inherit\"").unwrap();
+        assert_eq!(c.sched_policy, SchedPolicy::Inherit);
         let err = toml::from_str::<Config>("sched_policy = \"fifo\"")
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("fifo") && err.contains("batch") && err.contains("normal"),
+            err.contains("fifo") && err.contains("batch") && err.contains("inherit"),
             "{err}"
         );
     }

@@ -781,6 +781,9 @@ pub fn serve(ctl: Arc<Controller>, socket: Socket, negotiated: Negotiated, id: u
         let _ = socket.set_read_timeout(Some(idle.min(Duration::from_secs(1))));
     }
     let conn = Arc::new(Connection::new(ctl, out, negotiated, id));
+    // This thread and the connection's others (they inherit it) are woken
+    // by the client's bytes: they do not preempt it (`crate::sched`).
+    crate::sched::enter(conn.ctl.config.sched_policy);
     let input = Mutex::new(Input {
         r: BufReader::with_capacity(
             CONNECTION_READ_BUFFER_BYTES,
