@@ -1,4 +1,4 @@
-//! The scheduling policy of the server's threads (`sched_policy`).
+//! The scheduling policy of the connections' threads (`sched_policy`).
 //!
 //! A client's request wakes a thread of ours (its connection's reader).
 //! Under Linux's default policy (`SCHED_OTHER`) the woken thread may
