@@ -772,3 +772,66 @@ fn a_rollback_waits_for_a_reply_on_its_way_into_the_output_gate() {
         );
     }
 }
+
+/// A client with one write in flight at a time (a synchronous writer)
+/// under buffering: the controller goes idle after every write, and the
+/// reader that found it idle ends the epoch itself before it waits for the
+/// client, instead of waking the checkpoint thread for every write; and
+/// destage still runs in batches. Before, each commit started a destage of
+/// the few tracks queued, the next commit handed that held write over to
+/// the syncer, and each sync started the next small destage: a destage
+/// task, a device write and a sync per client write, and the write rate
+/// half of what it is without output commit.
+#[test]
+fn at_queue_depth_1_the_reader_ends_each_idle_epoch_and_destage_stays_batched() {
+    let server = Server::start(
+        "16M",
+        &[
+            "--output-commit",
+            "buffering",
+            "--checkpoint-interval",
+            "20ms",
+            "--metrics",
+            "127.0.0.1:0",
+        ],
+    );
+    let metrics = server.metrics_addr();
+    let destage_tasks = || {
+        common::sample(
+            &common::scrape(&metrics),
+            "rebound_rcs_dispatched_total{group=\"destage\"}",
+        )
+    };
+    let tasks_before = destage_tasks();
+    let mut c = Raw::go(&server.addr);
+    c.no_delay();
+    let writes = 600u64;
+    for i in 0..writes {
+        write(&mut c, i, i % 1024, i as u8);
+        reply_ok(&mut c, i, 0);
+    }
+    let tasks = destage_tasks() - tasks_before;
+    let status = server.admin("status").unwrap();
+    let idle = status_field(&status, "epochs ended early: ", " when idle");
+    let here = status_field(&status, "waited 1ms; ", " committed by the replying thread");
+    assert!(
+        idle >= writes / 2,
+        "{idle} of {writes} lone writes ended their epoch when idle: {status}"
+    );
+    assert!(
+        here * 2 >= idle,
+        "only {here} of {idle} idle epochs were ended by the reader: {status}"
+    );
+    // A batch is 32 tracks; the 100 ms destage tick may start a few more.
+    assert!(
+        tasks <= (writes / 16) as f64,
+        "{tasks} destage tasks for {writes} writes one at a time: destage no longer batches; {status}"
+    );
+    // Every write is answered and readable, whatever the commits did.
+    for t in [0u64, 1, 511, 599] {
+        assert_eq!(
+            read_track(&mut c, 10_000 + t, t),
+            vec![t as u8; TRACK as usize]
+        );
+    }
+}

@@ -39,6 +39,13 @@ impl Raw {
         self.s.write_all(bytes).expect("send");
     }
 
+    /// Send small writes at once (`TCP_NODELAY`), as NBD clients do:
+    /// otherwise a request sent in two parts waits for the delayed ACK of
+    /// the first (40 ms a request).
+    pub fn no_delay(&mut self) {
+        self.s.set_nodelay(true).expect("TCP_NODELAY");
+    }
+
     pub fn option(&mut self, option: u32, data: &[u8]) {
         let mut v = IHAVEOPT.to_be_bytes().to_vec();
         v.extend_from_slice(&option.to_be_bytes());

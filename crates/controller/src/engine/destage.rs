@@ -5,11 +5,13 @@
 //! most [`DESTAGE_TASKS_MAX`] at a time, each writing up to
 //! [`DESTAGE_BATCH_TRACKS`] tracks before handing the worker back. A track is
 //! queued when it becomes dirty (and again if rewritten during its
-//! destage); a write starts a destage task only once a whole batch is
-//! queued ([`kick_batch`]), a writer waiting for NVS space starts one at
-//! once, and a periodic tick ([`TICK`]) requeues tracks whose destage
-//! failed and starts one for whatever is queued, so the NVS drains when the
-//! host is idle and no dirty track waits longer than about a tick.
+//! destage); a write, a commit and a device sync start a destage task
+//! only once a whole batch is queued ([`kick_batch`]), and a task goes on
+//! to the next batch only then, or while the NVS runs short of free slots;
+//! a writer waiting for NVS space starts one at once, and a periodic tick
+//! ([`TICK`]) requeues tracks whose destage failed and starts one for
+//! whatever is queued, so the NVS drains when the host is idle and no
+//! dirty track waits longer than about a tick.
 //!
 //! Ordering: the cache directory allows one destage per track at a time and
 //! always destages the track's newest record, so an older write never
@@ -257,6 +259,13 @@ pub(crate) fn kick_batch(ctl: &Arc<Engine>) {
     }
 }
 
+/// Whether a destage task goes on to another batch: a whole batch is
+/// queued, or the NVS is running short of free slots (as for the
+/// syncer's hurry; writers waiting for space also kick at once).
+fn batch_due(ctl: &Engine) -> bool {
+    ctl.destage.len() >= DESTAGE_BATCH_TRACKS || ctl.nvs.free_slots() <= ctl.nvs.slot_count() / 4
+}
+
 /// Start a destage task if there is work and room for one.
 pub(crate) fn kick(ctl: &Arc<Engine>) {
     let q = &ctl.destage;
@@ -337,7 +346,15 @@ fn batch(ctl: &Arc<Engine>) {
     }
     ctl.destage.hand_over(written);
     let q = &ctl.destage;
-    if !q.is_empty() && !ctl.stopping.load(Ordering::Relaxed) && !ctl.system.is_quiescing() {
+    // Go on while a batch is due (`batch_due`). Going on for
+    // any queued track kept a chain of tasks alive on a trickle of
+    // writes: at queue depth 1, a task (and under output commit a held
+    // write, a commit's hand-over and a sync) per client write.
+    if !q.is_empty()
+        && batch_due(ctl)
+        && !ctl.stopping.load(Ordering::Relaxed)
+        && !ctl.system.is_quiescing()
+    {
         let c = Arc::clone(ctl);
         let resubmitted = ctl.rt.submit_named(
             ctl.groups.destage,
@@ -608,10 +625,13 @@ pub(crate) fn start_syncer(ctl: &Arc<Engine>) -> std::io::Result<()> {
                     tracing::warn!(error = %e, "device sync after destage failed; the tracks stay dirty and will be written again");
                 }
                 ctl.destage.inflight.fetch_sub(n, Ordering::AcqRel);
-                if !ctl.destage.is_empty() {
-                    // Destages ended here may have requeued tracks.
-                    kick(&ctl);
-                }
+                // Destages ended here may have requeued tracks: a task for
+                // them once a whole batch is queued, as after a write (the
+                // tick starts one for fewer). Kicking for any queued track
+                // fed a loop under output commit: each sync started a
+                // destage of the few tracks written since, the next commit
+                // handed those over, and that hurried the next sync.
+                kick_batch(&ctl);
             }
         })
         .map(|_| ())

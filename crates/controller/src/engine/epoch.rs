@@ -154,6 +154,16 @@ pub struct Epochs {
     /// `born`; 0: none held yet): with commits when idle, the epoch also
     /// ends [`OUTPUT_WAIT_MAX`] after it.
     first_held_ns: AtomicU64,
+    /// When the checkpoint thread wakes next (nanoseconds since `born`),
+    /// `u64::MAX` while it is not asleep on a known deadline: a first
+    /// held reply wakes it only if that is later than the reply may wait
+    /// (`Epochs::hold_reply`).
+    wakes_at_ns: AtomicU64,
+    /// When an epoch last got its first held reply (nanoseconds since
+    /// `born`): while that is under an interval ago, the checkpoint thread
+    /// sleeps at most [`OUTPUT_WAIT_MAX`], so the next first held reply
+    /// need not wake it.
+    output_seen_ns: AtomicU64,
     born: Instant,
     /// Connections reading requests, and those of them with no whole
     /// request left to read ([`Epochs::reader_drains`]): the controller
@@ -177,7 +187,8 @@ pub struct Epochs {
     /// One commit or rollback at a time.
     pub(crate) serial: Mutex<()>,
     /// When the last commit cut its epoch (nanoseconds since `born`):
-    /// epochs that end early are at least [`EPOCH_MIN`] apart.
+    /// epochs that end early are at least [`EPOCH_MIN`] apart
+    /// ([`IDLE_EPOCH_MIN`] for an idle commit).
     last_cut_ns: AtomicU64,
     /// Device outputs of committed epochs not yet released, oldest first
     /// (`Epochs::commit_here` leaves them to the checkpoint thread; a
@@ -237,6 +248,8 @@ impl Epochs {
             kick_pending: AtomicBool::new(false),
             half_kick: AtomicBool::new(false),
             first_held_ns: AtomicU64::new(0),
+            wakes_at_ns: AtomicU64::new(u64::MAX),
+            output_seen_ns: AtomicU64::new(0),
             born: Instant::now(),
             readers: AtomicI64::new(0),
             readers_drained: AtomicI64::new(0),
@@ -316,15 +329,18 @@ impl Epochs {
     /// about to wait for its client. `stalled`: that client has all it can
     /// have in flight here (`Connection::stalled`). With `pipeline_empty`,
     /// the reader that drains last makes the controller idle, and held
-    /// output leaves now (with commits when idle on) if some client is
-    /// stalled on it.
-    pub(crate) fn reader_drains(&self, stalled: bool, pipeline_empty: bool) {
+    /// output is due now (with commits when idle on) if some client is
+    /// stalled on it: [`Due::Idle`], which the reader ends itself
+    /// ([`Epochs::commit_here`], or [`Epochs::kick`] when it may not).
+    pub(crate) fn reader_drains(&self, stalled: bool, pipeline_empty: bool) -> Due {
         if stalled {
             self.readers_stalled.fetch_add(1, Ordering::AcqRel);
         }
         self.readers_drained.fetch_add(1, Ordering::AcqRel);
         if self.when_idle && pipeline_empty && self.idle() && self.held_replies() > 0 {
-            self.kick_idle();
+            Due::Idle
+        } else {
+            Due::No
         }
     }
 
@@ -396,17 +412,28 @@ impl Epochs {
         }
         if held == 1 {
             // The epoch's first held output: the checkpoint thread ends
-            // the epoch at most OUTPUT_WAIT_MAX from now.
-            self.first_held_ns
-                .store(self.since_born(), Ordering::Release);
-            let _kick = self.idle_kick.lock();
-            self.kicked.notify_one();
+            // the epoch at most OUTPUT_WAIT_MAX from now. It is woken for
+            // that only if it sleeps past then: at queue depth 1 every
+            // write is an epoch's first held reply, and a wake-up each
+            // (the epoch ended by an idle commit long before) cost more
+            // than the commit. Both sides order their store before their
+            // load (`SeqCst`): either the thread, computing its wake,
+            // sees this epoch's first held reply, or this sees the wake
+            // it computed without it (or `u64::MAX` while it computes).
+            let first = self.since_born();
+            self.output_seen_ns.store(first, Ordering::Relaxed);
+            self.first_held_ns.store(first, Ordering::SeqCst);
+            let due = first + OUTPUT_WAIT_MAX.as_nanos() as u64;
+            if self.wakes_at_ns.load(Ordering::SeqCst) > due {
+                let _kick = self.idle_kick.lock();
+                self.kicked.notify_one();
+            }
         }
         Due::No
     }
 
     /// Have the checkpoint thread end the epoch (`due`: why), at most
-    /// [`EPOCH_MIN`] after the last cut.
+    /// [`EPOCH_MIN`] after the last cut ([`IDLE_EPOCH_MIN`] when idle).
     pub(crate) fn kick(&self, due: Due) {
         match due {
             Due::No => {}
@@ -418,8 +445,10 @@ impl Epochs {
         }
     }
 
-    /// End the epoch on the calling thread, whose held reply made it due:
-    /// the cut and the release of its replies, at once. Handing the commit
+    /// End the epoch on the calling thread, whose held reply made it due
+    /// (or, for [`Due::Idle`] from [`Epochs::reader_drains`], the reader
+    /// that found the controller idle): the cut and the release of its
+    /// replies, at once. Handing the commit
     /// to the checkpoint thread cost the held replies that thread's
     /// wake-up, 40 to 100 µs on the 2-core host with both cores busy, and
     /// the device writes of the commit before (a kick waits for them).
@@ -428,7 +457,8 @@ impl Epochs {
     /// thread releases them, in epoch order, so a replying thread does not
     /// write to a device (but for the rare held write described below).
     /// Returns false, having done nothing, when the
-    /// last cut is under [`EPOCH_MIN`] old, another commit or a rollback
+    /// last cut is under `due`'s shortest epoch old ([`EPOCH_MIN`], or
+    /// [`IDLE_EPOCH_MIN`] when idle), another commit or a rollback
     /// holds `serial`, or a rollback waits for it: the caller then kicks
     /// the checkpoint thread. The caller holds no lock of the engine's and
     /// has left the pipeline.
@@ -437,7 +467,7 @@ impl Epochs {
             return false;
         }
         let now = self.since_born();
-        if now < self.last_cut_ns.load(Ordering::Acquire) + EPOCH_MIN.as_nanos() as u64 {
+        if now < self.last_cut_ns.load(Ordering::Acquire) + due.epoch_min().as_nanos() as u64 {
             return false;
         }
         if ctl.stopping.load(Ordering::Acquire) {
@@ -735,10 +765,13 @@ impl Epochs {
             .replies_released
             .fetch_add(durable.len() as u64, Ordering::Relaxed);
         release_replies(epoch, durable, durability.as_deref());
-        if !ctl.destage.is_empty() {
-            // Destages ended by this commit may have requeued tracks.
-            crate::engine::destage::kick(ctl);
-        }
+        // Destages ended by this commit may have requeued tracks: start a
+        // task for them as a write would, once a whole batch is queued
+        // (the tick starts one for fewer). Kicking for any queued track
+        // made every commit destage the tracks its epoch had just
+        // dirtied: at queue depth 1, a destage, a held write and a device
+        // sync per client write.
+        crate::engine::destage::kick_batch(ctl);
     }
 
     /// Rollback, under `serial` and with the pipeline quiesced: take the
@@ -820,6 +853,26 @@ pub(crate) struct RollbackCut<'a> {
 /// Shortest epoch when commits when idle are on: bounds the commit rate.
 const EPOCH_MIN: Duration = Duration::from_micros(100);
 
+/// Shortest epoch ended because the controller went idle with a client
+/// stalled on held output ([`Due::Idle`]). Such a commit only comes once
+/// every request read so far has its reply held, so the clients' own
+/// round trips bound its rate; [`EPOCH_MIN`] on top of that set the floor
+/// of a write's latency at queue depth 1 (a client that sends its next
+/// write 60 µs after the last reply waited another 40 µs for the commit,
+/// and the checkpoint thread's wake-up). The small floor left only stops a
+/// burst of idle commits of a few replies each.
+const IDLE_EPOCH_MIN: Duration = Duration::from_micros(20);
+
+impl Due {
+    /// The shortest epoch a commit for this reason may end.
+    fn epoch_min(self) -> Duration {
+        match self {
+            Self::Idle => IDLE_EPOCH_MIN,
+            Self::No | Self::Half => EPOCH_MIN,
+        }
+    }
+}
+
 /// Fewest held replies for which half the clients' depth ends an epoch
 /// ([`Epochs::half_depth_held`]): below it a commit per half batch costs
 /// more than the overlap it buys.
@@ -853,19 +906,30 @@ pub(crate) fn start(ctl: &Arc<Engine>) -> std::io::Result<()> {
                     let e = &ctl.epochs;
                     let mut kick = e.idle_kick.lock();
                     loop {
+                        // Not asleep on a known deadline until the wait
+                        // below: a first held reply meanwhile wakes us.
+                        e.wakes_at_ns.store(u64::MAX, Ordering::SeqCst);
                         let now = Instant::now();
                         let last =
                             e.born + Duration::from_nanos(e.last_cut_ns.load(Ordering::Acquire));
                         let deadline = last + interval;
                         // The open epoch's output has waited long enough.
-                        let waited = match e.first_held_ns.load(Ordering::Acquire) {
+                        let waited = match e.first_held_ns.load(Ordering::SeqCst) {
                             0 => None,
                             ns => Some(e.born + Duration::from_nanos(ns) + OUTPUT_WAIT_MAX),
                         }
                         .filter(|_| e.when_idle)
                         .map(|w| w.max(last + EPOCH_MIN));
                         let deadline = waited.map_or(deadline, |w| w.min(deadline));
-                        if now >= deadline || (*kick && now >= last + EPOCH_MIN) {
+                        // A kick's shortest epoch: an idle kick's is shorter
+                        // than a half kick's (`Due::epoch_min`).
+                        let kick_min = if e.half_kick.load(Ordering::Acquire) {
+                            Due::Half
+                        } else {
+                            Due::Idle
+                        }
+                        .epoch_min();
+                        if now >= deadline || (*kick && now >= last + kick_min) {
                             // Under the lock, so a kick on its way sets it
                             // again.
                             e.kick_pending.store(false, Ordering::Release);
@@ -889,9 +953,23 @@ pub(crate) fn start(ctl: &Arc<Engine>) -> std::io::Result<()> {
                             // them before it notifies, under this lock).
                             break false;
                         }
-                        let until = if *kick { last + EPOCH_MIN } else { deadline };
+                        let mut until = if *kick { last + kick_min } else { deadline };
+                        let seen =
+                            e.born + Duration::from_nanos(e.output_seen_ns.load(Ordering::Relaxed));
+                        if e.when_idle && waited.is_none() && now < seen + interval {
+                            // Output came lately and may come again: be
+                            // awake by the time a reply held now must
+                            // leave, so its holder need not wake us (a
+                            // wake-up per write at queue depth 1, against
+                            // at most one per OUTPUT_WAIT_MAX here).
+                            until = until.min(now + OUTPUT_WAIT_MAX);
+                        }
                         // Wake at least every 50 ms to notice a shutdown.
                         let wait = (until - now).min(Duration::from_millis(50));
+                        e.wakes_at_ns.store(
+                            (now + wait).duration_since(e.born).as_nanos() as u64,
+                            Ordering::SeqCst,
+                        );
                         e.kicked.wait_for(&mut kick, wait);
                         if ctl.is_closed() {
                             return;

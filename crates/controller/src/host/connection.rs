@@ -1002,9 +1002,17 @@ fn read_loop(
                         let stalled = conn.stalled();
                         input.drained = Some(stalled);
                         let engine = ctl.engine();
-                        engine
+                        let due = engine
                             .epochs
                             .reader_drains(stalled, engine.system.in_pipeline() == 0);
+                        // The controller went idle with output held: end
+                        // the epoch here, before waiting for the client,
+                        // rather than wake the checkpoint thread for it
+                        // (a wake-up and two thread switches per commit;
+                        // at queue depth 1, per write).
+                        if !engine.epochs.commit_here(engine, due) {
+                            engine.epochs.kick(due);
+                        }
                     }
                 }
                 let read = next_request(conn, &mut input.r, &mut raw);
