@@ -6,9 +6,11 @@
 //! as the peer of the rows beside it; stall, buffering, logging, renaming
 //! with commits when idle; buffering with fixed epochs, the paper's
 //! policy), a fresh `rebound serve` runs two fio jobs over NBD: cache-standard
-//! (random 4 KiB, 3 reads to 1 write) and 100% random writes, at two
-//! loads: one connection with 32 requests in flight (the shared fio job's
-//! depth) and 8 connections with 256 each. The table gives IOPS, mean and p99 completion
+//! (random 4 KiB, 3 reads to 1 write) and 100% random writes, at three
+//! loads: one connection with one request in flight (a synchronous
+//! client: every epoch ends with the controller idle), one with 32 (the
+//! shared fio job's depth) and 8 connections with 256 each. The table
+//! gives IOPS, mean and p99 completion
 //! latency, the ratio to `off`, the growth of mean write latency
 //! against the T/2 + 1 ms budget, and the server's CPU time per I/O (all
 //! threads, from `/proc`, over each job) beside off's: at saturation on a
@@ -41,8 +43,8 @@ pub struct OutputCommitArgs {
     /// Seconds of fio per job and cell [default: 3, or 2 with --quick].
     #[arg(long)]
     runtime: Option<u32>,
-    /// fio requests in flight per connection [default: two loads, 1 x 32
-    /// and 8 x 256; --quick: 1 x 32].
+    /// fio requests in flight per connection [default: three loads,
+    /// 1 x 1, 1 x 32 and 8 x 256; --quick: 1 x 32].
     #[arg(long)]
     iodepth: Option<u32>,
     /// fio jobs (NBD connections), each with --iodepth in flight (give
@@ -503,6 +505,10 @@ pub fn run(args: OutputCommitArgs) -> anyhow::Result<std::process::ExitCode> {
             iodepth: 32,
         }],
         (None, None) => vec![
+            Load {
+                jobs: 1,
+                iodepth: 1,
+            },
             Load {
                 jobs: 1,
                 iodepth: 32,
