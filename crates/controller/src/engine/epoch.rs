@@ -331,7 +331,7 @@ impl Epochs {
     /// the reader that drains last makes the controller idle, and held
     /// output is due now (with commits when idle on) if some client is
     /// stalled on it: [`Due::Idle`], which the reader ends itself
-    /// ([`Epochs::commit_here`], or [`Epochs::kick`] when it may not).
+    /// ([`Epochs::end_due`]).
     pub(crate) fn reader_drains(&self, stalled: bool, pipeline_empty: bool) -> Due {
         if stalled {
             self.readers_stalled.fetch_add(1, Ordering::AcqRel);
@@ -386,8 +386,7 @@ impl Epochs {
     /// than at its interval (with commits when idle on: the controller is
     /// idle, or this reply makes half of the clients' depth held,
     /// [`Epochs::half_depth_held`]); the caller then ends it
-    /// ([`Epochs::commit_here`], or [`Epochs::kick`] for the checkpoint
-    /// thread).
+    /// ([`Epochs::end_due`]).
     pub(crate) fn hold_reply(
         &self,
         req: Box<Request>,
@@ -432,9 +431,20 @@ impl Epochs {
         Due::No
     }
 
+    /// End the epoch `due` says is due (from [`Epochs::hold_reply`] or
+    /// [`Epochs::reader_drains`]; nothing for [`Due::No`]): on the calling
+    /// thread ([`Epochs::commit_here`]), or, when that may not, by the
+    /// checkpoint thread ([`Epochs::kick`]). The caller holds no lock of
+    /// the engine's and has left the pipeline.
+    pub(crate) fn end_due(&self, ctl: &Arc<Engine>, due: Due) {
+        if !self.commit_here(ctl, due) {
+            self.kick(due);
+        }
+    }
+
     /// Have the checkpoint thread end the epoch (`due`: why), at most
     /// [`EPOCH_MIN`] after the last cut ([`IDLE_EPOCH_MIN`] when idle).
-    pub(crate) fn kick(&self, due: Due) {
+    fn kick(&self, due: Due) {
         match due {
             Due::No => {}
             Due::Idle => self.kick_idle(),
@@ -462,7 +472,7 @@ impl Epochs {
     /// holds `serial`, or a rollback waits for it: the caller then kicks
     /// the checkpoint thread. The caller holds no lock of the engine's and
     /// has left the pipeline.
-    pub(crate) fn commit_here(&self, ctl: &Arc<Engine>, due: Due) -> bool {
+    fn commit_here(&self, ctl: &Arc<Engine>, due: Due) -> bool {
         if due == Due::No {
             return false;
         }

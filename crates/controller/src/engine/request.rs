@@ -484,9 +484,7 @@ impl Request {
             // The reply made the epoch due: end it here, out of the
             // pipeline and holding nothing, or have the checkpoint thread
             // end it.
-            if !ctl.epochs.commit_here(&ctl, due) {
-                ctl.epochs.kick(due);
-            }
+            ctl.epochs.end_due(&ctl, due);
             return;
         }
         self.reply_now(result);

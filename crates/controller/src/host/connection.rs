@@ -1010,9 +1010,7 @@ fn read_loop(
                         // rather than wake the checkpoint thread for it
                         // (a wake-up and two thread switches per commit;
                         // at queue depth 1, per write).
-                        if !engine.epochs.commit_here(engine, due) {
-                            engine.epochs.kick(due);
-                        }
+                        engine.epochs.end_due(engine, due);
                     }
                 }
                 let read = next_request(conn, &mut input.r, &mut raw);
