@@ -30,6 +30,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
+use smallvec::SmallVec;
 
 use crate::backend::renamemap::{RenameMap, Renamed};
 use crate::backend::volume::Volume;
@@ -138,8 +139,10 @@ type Logged = (u64, Box<[u8]>);
 
 #[derive(Debug, Default)]
 struct State {
-    /// Held writes per track, oldest first.
-    by_track: FxHashMap<u64, Vec<Held>>,
+    /// Held writes per track, oldest first (one at most: a track's
+    /// destage ends only at the commit; inline, so holding a write
+    /// allocates no list).
+    by_track: FxHashMap<u64, SmallVec<[Held; 1]>>,
     /// Held writes in issue order, per epoch.
     order: BTreeMap<u64, Vec<u64>>,
     /// `logging`: old data per epoch, in write order.
@@ -372,7 +375,7 @@ impl PseudoDevice {
 
     /// Held writes now.
     pub fn held(&self) -> usize {
-        self.state.lock().by_track.values().map(Vec::len).sum()
+        self.state.lock().by_track.values().map(SmallVec::len).sum()
     }
 
     /// Whether no write is held.
@@ -452,6 +455,7 @@ impl PseudoDevice {
             }
         }
         let mut taken = Vec::with_capacity(written.len());
+        let mut freed = Vec::new();
         let mut st = self.state.lock();
         for (track, n) in written {
             let list = st
@@ -462,16 +466,18 @@ impl PseudoDevice {
                 list.len() >= n,
                 "track {track}: held writes taken off by another commit"
             );
-            let done: Vec<Held> = list.drain(..n).collect();
-            if list.is_empty() {
-                st.by_track.remove(&track);
-            }
-            for h in done {
-                if let (Data::Buffer(slot, _), Some(b)) = (&h.data, st.buffer.as_mut()) {
-                    b.free.push(*slot);
+            for h in list.drain(..n) {
+                if let Data::Buffer(slot, _) = &h.data {
+                    freed.push(*slot);
                 }
                 taken.push(h);
             }
+            if list.is_empty() {
+                st.by_track.remove(&track);
+            }
+        }
+        if let Some(b) = st.buffer.as_mut() {
+            b.free.extend(freed);
         }
         (taken, result)
     }

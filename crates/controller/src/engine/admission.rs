@@ -77,9 +77,16 @@ fn take_block(engine: &Arc<Engine>, req: &mut Request) {
         return;
     };
     let mut waits = 0u32;
-    let started = std::time::Instant::now();
+    // The clock is read only once a block is not there at once (every
+    // request passes here).
+    let mut started = None;
     loop {
-        match engine.blocks.acquire(&alive) {
+        let result = engine.blocks.acquire(&alive);
+        if result.is_err() {
+            started.get_or_insert_with(std::time::Instant::now);
+        }
+        let waited = || started.map_or(Duration::ZERO, |t| t.elapsed());
+        match result {
             Ok(block) => {
                 if waits > 0 {
                     engine.recoveries.record(
@@ -88,7 +95,7 @@ fn take_block(engine: &Arc<Engine>, req: &mut Request) {
                             "control blocks exhausted ({} in use by live requests): admission waited",
                             engine.blocks.capacity()
                         ),
-                        started.elapsed(),
+                        waited(),
                         1,
                     );
                 }
@@ -103,7 +110,7 @@ fn take_block(engine: &Arc<Engine>, req: &mut Request) {
                 engine.recoveries.record(
                     Rung::Task,
                     format!("control blocks exhausted: {n} leaked blocks (owners gone) reclaimed"),
-                    started.elapsed(),
+                    waited(),
                     1,
                 );
             }

@@ -722,7 +722,7 @@ pub(super) fn fua(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Fa
                 stage!(ctl.groups.device, Priority::High, fua, faults::DEVICE_FUA),
             );
         }
-        FlushPolicy::Nvs => finish_io(*req, ctl.nvs.sync().map_err(std::io::Error::other)),
+        FlushPolicy::Nvs => finish_io(req, ctl.nvs.sync().map_err(std::io::Error::other)),
     }
     Ok(())
 }
@@ -801,11 +801,11 @@ fn durable(
     // stay dirty: a FLUSH is never answered success while they are).
     let settled = settle(ctl, written);
     if let Some(e) = failed.or(settled.err()) {
-        finish_io(*req, Err(e));
+        finish_io(req, Err(e));
         return;
     }
     if left.is_empty() {
-        finish_io(*req, ctl.sync_durable());
+        finish_io(req, ctl.sync_durable());
         return;
     }
     // A track it waits for may be written and waiting for the syncer.
@@ -814,12 +814,12 @@ fn durable(
         // What it waits for is failing on the devices: never wait for
         // success that may not come, answer EIO now (the tracks stay
         // dirty; a later FLUSH tries again).
-        finish_io(*req, Err(std::io::Error::new(kind, why)));
+        finish_io(req, Err(std::io::Error::new(kind, why)));
         return;
     }
     if Instant::now() >= deadline {
         finish_io(
-            *req,
+            req,
             Err(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
                 format!(
@@ -937,11 +937,11 @@ pub(super) fn zero(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), F
             Ok(())
         }
     });
-    finish_io(*req, synced);
+    finish_io(req, synced);
     Ok(())
 }
 
-fn finish_io(req: Request, result: std::io::Result<()>) {
+fn finish_io(req: Box<Request>, result: std::io::Result<()>) {
     match result {
         Ok(()) => req.reply(Ok(())),
         Err(e) if e.kind() == std::io::ErrorKind::StorageFull => {

@@ -423,9 +423,8 @@ fn one(ctl: &Engine, track: u64) -> std::io::Result<Outcome> {
         queue.complete(tag);
         return Ok(Outcome::Nothing);
     };
-    let mut buf = vec![0u8; TRACK_BYTES];
     let ticket = ctl.volume.sync_ticket();
-    let written = read_record(ctl, track, d, &mut buf).and_then(|()| {
+    let written = read_record(ctl, track, d).and_then(|buf| {
         ctl.epochs
             .device
             .write(&ctl.volume, track, d, buf, ctl.epochs.open())
@@ -509,18 +508,20 @@ pub(crate) fn hand_over_held(
     ctl.destage.hurry();
 }
 
+/// The data of record `d` of `track`, to destage: from the NVS, or the
+/// cache's copy when the NVS record is corrupt.
 fn read_record(
     ctl: &Engine,
     track: u64,
     d: crate::store::cache::Dirty,
-    buf: &mut [u8],
-) -> std::io::Result<()> {
-    match ctl.nvs.read_record(d.slot, track, d.seq, buf) {
-        Ok(()) => Ok(()),
+) -> std::io::Result<Vec<u8>> {
+    match ctl.nvs.record_data(d.slot, track, d.seq) {
+        Ok(data) => Ok(data),
         Err(e) => {
-            if ctl.cache.dirty_copy(track, d, buf) {
+            let mut buf = vec![0u8; TRACK_BYTES];
+            if ctl.cache.dirty_copy(track, d, &mut buf) {
                 tracing::error!(track, error = %e, "NVS record corrupt; destaging the cached copy");
-                Ok(())
+                Ok(buf)
             } else if let crate::store::nvs::NvsError::Damaged { slot, seq, .. } = e {
                 let _ = note_lost(ctl, track, slot, seq, "destage");
                 Err(std::io::Error::new(std::io::ErrorKind::InvalidData, e))

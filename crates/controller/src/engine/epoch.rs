@@ -208,6 +208,9 @@ pub struct Epochs {
     advanced: Condvar,
     image: Mutex<FxHashMap<u64, Dirty>>,
     replies: Mutex<Vec<HeldReply>>,
+    /// The memory of a released epoch's reply list, for the next epoch's
+    /// (a fresh list grew by reallocation through every epoch).
+    spare_replies: Mutex<Vec<HeldReply>>,
     retired: Mutex<Vec<(u64, u32)>>,
     /// Tracks whose directory entry was found inconsistent: a rollback
     /// restores them from the checkpoint even if no change was noted.
@@ -267,6 +270,7 @@ impl Epochs {
             advanced: Condvar::new(),
             image: Mutex::new(FxHashMap::default()),
             replies: Mutex::new(Vec::new()),
+            spare_replies: Mutex::new(Vec::new()),
             retired: Mutex::new(Vec::new()),
             suspects: Mutex::new(Vec::new()),
             sync_needed: AtomicBool::new(false),
@@ -634,7 +638,8 @@ impl Epochs {
             self.stats
                 .entries_copied
                 .fetch_add(copied, Ordering::Relaxed);
-            let replies = std::mem::take(&mut *self.replies.lock());
+            let spare = std::mem::take(&mut *self.spare_replies.lock());
+            let replies = std::mem::replace(&mut *self.replies.lock(), spare);
             let retired = std::mem::take(&mut *self.retired.lock());
             self.first_held_ns.store(0, Ordering::Release);
             self.open.store(epoch + 1, Ordering::Release);
@@ -690,14 +695,25 @@ impl Epochs {
     /// what the epoch still owes: only a FLUSH or FUA waits for the device
     /// writes and the sync.
     fn cut_and_release(&self, ctl: &Engine) -> Outputs {
-        let (epoch, replies, retired) = self.cut(ctl);
-        let (durable, replies): (Vec<HeldReply>, Vec<HeldReply>) = replies
-            .into_iter()
-            .partition(|r| r.req.promises_durability());
+        let (epoch, mut replies, retired) = self.cut(ctl);
+        let durable = if replies.iter().any(|r| r.req.promises_durability()) {
+            let durable;
+            (durable, replies) = replies
+                .into_iter()
+                .partition(|r| r.req.promises_durability());
+            durable
+        } else {
+            Vec::new()
+        };
         self.stats
             .replies_released
             .fetch_add(replies.len() as u64, Ordering::Relaxed);
-        release_replies(epoch, replies, None);
+        release_replies(epoch, &mut replies, None);
+        let mut spare = self.spare_replies.lock();
+        if spare.capacity() < replies.capacity() {
+            *spare = replies;
+        }
+        drop(spare);
         let want_sync = self.sync_needed.swap(false, Ordering::AcqRel);
         Outputs {
             epoch,
@@ -714,7 +730,7 @@ impl Epochs {
     fn release_outputs(&self, ctl: &Arc<Engine>, outputs: Outputs) {
         let Outputs {
             epoch,
-            durable,
+            mut durable,
             retired,
             want_sync,
         } = outputs;
@@ -774,7 +790,7 @@ impl Epochs {
         self.stats
             .replies_released
             .fetch_add(durable.len() as u64, Ordering::Relaxed);
-        release_replies(epoch, durable, durability.as_deref());
+        release_replies(epoch, &mut durable, durability.as_deref());
         // Destages ended by this commit may have requeued tracks: start a
         // task for them as a write would, once a whole batch is queued
         // (the tick starts one for fewer). Kicking for any queued track
@@ -823,13 +839,14 @@ impl Epochs {
     }
 }
 
-/// Send a committed epoch's replies, one writev per connection; with
+/// Send a committed epoch's replies, one writev per connection, taking
+/// them out of `replies` (the caller keeps its memory); with
 /// `durability` (why the epoch's device writes failed), a FLUSH or FUA
 /// that would have succeeded answers EIO instead.
-fn release_replies(epoch: u64, replies: Vec<HeldReply>, durability: Option<&str>) {
+fn release_replies(epoch: u64, replies: &mut Vec<HeldReply>, durability: Option<&str>) {
     // One writev per connection for the whole epoch's replies.
     let mut corked: Vec<Arc<dyn crate::engine::ReplySink>> = Vec::new();
-    for r in &replies {
+    for r in replies.iter() {
         let conn = &r.req.conn;
         if !corked
             .iter()
@@ -839,7 +856,7 @@ fn release_replies(epoch: u64, replies: Vec<HeldReply>, durability: Option<&str>
             corked.push(Arc::clone(conn));
         }
     }
-    for r in replies {
+    for r in replies.drain(..) {
         debug_assert!(r.epoch <= epoch);
         let result = match durability {
             Some(why) if r.result.is_ok() && r.req.promises_durability() => Err((

@@ -455,7 +455,7 @@ impl Request {
     /// Send the reply (data for a successful READ) and finish the request;
     /// under output commit, put it in the output gate until its epoch
     /// commits.
-    pub(crate) fn reply(mut self, result: Result<(), (NbdError, &str)>) {
+    pub(crate) fn reply(mut self: Box<Self>, result: Result<(), (NbdError, &str)>) {
         let ctl = Arc::clone(self.ctl());
         if self.gated && ctl.epochs.enabled() {
             // The request leaves the pipeline only once its reply is in the
@@ -473,11 +473,9 @@ impl Request {
             // a failure or a panic injected here changes nothing.
             let _ = std::panic::catch_unwind(|| crate::faults::HOST_GATE.check());
             let idle = ctl.system.in_pipeline() == i64::from(counted) && ctl.epochs.idle();
-            let due = ctl.epochs.hold_reply(
-                Box::new(self),
-                result.map_err(|(e, m)| (e, m.to_owned())),
-                idle,
-            );
+            let due = ctl
+                .epochs
+                .hold_reply(self, result.map_err(|(e, m)| (e, m.to_owned())), idle);
             if counted {
                 ctl.system.left();
             }
@@ -487,7 +485,7 @@ impl Request {
             ctl.epochs.end_due(&ctl, due);
             return;
         }
-        self.reply_now(result);
+        (*self).reply_now(result);
     }
 
     /// The reply of a request held in the output gate, at its epoch's

@@ -61,6 +61,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
+use smallvec::SmallVec;
 
 use crate::controller::Controller;
 use crate::engine::ReplySink;
@@ -88,8 +89,16 @@ fn charge_of(h: &RequestHeader) -> u64 {
         }
 }
 
+/// A reply's header bytes: inline up to a structured READ's chunk header
+/// (28 bytes), so a reply allocates nothing beyond its data; an error
+/// chunk's message spills to the heap.
+type Head = SmallVec<[u8; 32]>;
+
+/// Iovecs of one `sendmsg`: on the stack for up to 32 replies.
+type Slices<'a> = SmallVec<[IoSlice<'a>; 64]>;
+
 struct Frame {
-    head: Vec<u8>,
+    head: Head,
     body: Vec<u8>,
     charge: u64,
 }
@@ -207,7 +216,7 @@ impl ReplySink for Connection {
 
     /// Queue the reply to `h` and send (or leave it to the current sender).
     fn send_reply(&self, h: &RequestHeader, result: Result<(), (NbdError, &str)>, data: Vec<u8>) {
-        let mut head = Vec::with_capacity(32);
+        let mut head = Head::new();
         let body = match (h.kind == cmd::READ && self.structured, result) {
             (false, Ok(())) if h.kind == cmd::BLOCK_STATUS && self.structured => {
                 proto::put_chunk_header(
@@ -227,7 +236,7 @@ impl ReplySink for Connection {
                     chunk::OFFSET_DATA,
                     8 + data.len() as u32,
                 );
-                head.extend_from_slice(&h.offset.to_be_bytes());
+                head.extend(h.offset.to_be_bytes());
                 data
             }
             (true, Err((e, msg))) => {
@@ -357,7 +366,7 @@ impl Connection {
     /// frame gone already: drops the frames that went, releasing their
     /// charges.
     fn send_some(&self, batch: &mut VecDeque<Frame>, sent: &mut usize) -> std::io::Result<Sent> {
-        let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(batch.len().min(512) * 2);
+        let mut slices = Slices::with_capacity(batch.len().min(512) * 2);
         let mut offered = 0usize;
         let mut skip = *sent;
         for f in batch.iter() {
@@ -568,7 +577,16 @@ impl Connection {
 
 /// Put what a send left back at the front of the queue.
 fn restore(outbox: &mut Outbox, mut batch: VecDeque<Frame>, sent: usize) {
-    if batch.is_empty() || outbox.broken {
+    if batch.is_empty() {
+        // All of it went: its queue's memory takes the next replies (a
+        // fresh queue allocated again at every send).
+        debug_assert_eq!(sent, 0, "a sent queue has no partly sent frame");
+        if outbox.pending.is_empty() && outbox.pending.capacity() < batch.capacity() {
+            outbox.pending = batch;
+        }
+        return;
+    }
+    if outbox.broken {
         // Cut meanwhile: what was left unsent is dropped (the connection
         // admits nothing more, so its charge no longer matters).
         return;

@@ -280,24 +280,31 @@ impl RequestHeader {
     }
 }
 
-/// Append a simple reply header.
-pub fn put_simple_reply(out: &mut Vec<u8>, cookie: u64, error: u32) {
-    out.extend_from_slice(&SIMPLE_REPLY_MAGIC.to_be_bytes());
-    out.extend_from_slice(&error.to_be_bytes());
-    out.extend_from_slice(&cookie.to_be_bytes());
+/// Append a simple reply header (to a `Vec`, or to the inline head of a
+/// reply frame: any byte sink).
+pub fn put_simple_reply(out: &mut impl Extend<u8>, cookie: u64, error: u32) {
+    out.extend(SIMPLE_REPLY_MAGIC.to_be_bytes());
+    out.extend(error.to_be_bytes());
+    out.extend(cookie.to_be_bytes());
 }
 
 /// Append a structured chunk header.
-pub fn put_chunk_header(out: &mut Vec<u8>, cookie: u64, flags: u16, kind: u16, length: u32) {
-    out.extend_from_slice(&STRUCTURED_REPLY_MAGIC.to_be_bytes());
-    out.extend_from_slice(&flags.to_be_bytes());
-    out.extend_from_slice(&kind.to_be_bytes());
-    out.extend_from_slice(&cookie.to_be_bytes());
-    out.extend_from_slice(&length.to_be_bytes());
+pub fn put_chunk_header(
+    out: &mut impl Extend<u8>,
+    cookie: u64,
+    flags: u16,
+    kind: u16,
+    length: u32,
+) {
+    out.extend(STRUCTURED_REPLY_MAGIC.to_be_bytes());
+    out.extend(flags.to_be_bytes());
+    out.extend(kind.to_be_bytes());
+    out.extend(cookie.to_be_bytes());
+    out.extend(length.to_be_bytes());
 }
 
 /// Append a final ERROR chunk with a message (truncated to 4096 bytes).
-pub fn put_error_chunk(out: &mut Vec<u8>, cookie: u64, error: NbdError, message: &str) {
+pub fn put_error_chunk(out: &mut impl Extend<u8>, cookie: u64, error: NbdError, message: &str) {
     let mut msg = message.as_bytes();
     if msg.len() > 4096 {
         msg = &msg[..4096];
@@ -309,9 +316,9 @@ pub fn put_error_chunk(out: &mut Vec<u8>, cookie: u64, error: NbdError, message:
         chunk::ERROR,
         (6 + msg.len()) as u32,
     );
-    out.extend_from_slice(&error.code().to_be_bytes());
-    out.extend_from_slice(&(msg.len() as u16).to_be_bytes());
-    out.extend_from_slice(msg);
+    out.extend(error.code().to_be_bytes());
+    out.extend((msg.len() as u16).to_be_bytes());
+    out.extend(msg.iter().copied());
 }
 
 #[cfg(test)]

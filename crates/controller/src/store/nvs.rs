@@ -617,7 +617,8 @@ impl Nvs {
             n <= self.slot_count / 2,
             "reservation larger than half the NVS"
         );
-        let deadline = Instant::now() + timeout;
+        // The clock is read only once the slots are not there at once.
+        let mut deadline = None;
         let mut free = self.free.lock();
         loop {
             if self.closing.load(Ordering::SeqCst) {
@@ -645,6 +646,7 @@ impl Nvs {
             // larger reservation that could not use it is made up for by
             // looking again every RESERVE_RECHECK.
             let now = Instant::now();
+            let deadline = *deadline.get_or_insert(now + timeout);
             if now >= deadline {
                 return Err(NvsError::Timeout(timeout));
             }
@@ -702,6 +704,16 @@ impl Nvs {
         self.check_record(rec, slot, track, seq)?;
         out.copy_from_slice(&rec[SLOT_HEADER_BYTES..]);
         Ok(())
+    }
+
+    /// [`Nvs::read_record`] into a new buffer (a destage's: copied once,
+    /// never zeroed first).
+    pub fn record_data(&self, slot: u32, track: u64, seq: u64) -> Result<Vec<u8>, NvsError> {
+        let (seg, at) = Self::locate(slot);
+        let map = self.segments[seg].lock();
+        let rec = &map[at..at + SLOT_BYTES];
+        self.check_record(rec, slot, track, seq)?;
+        Ok(rec[SLOT_HEADER_BYTES..].to_vec())
     }
 
     /// Whether `rec` (slot `slot`) holds the record (`track`, `seq`), whole.
