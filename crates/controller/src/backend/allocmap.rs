@@ -1,10 +1,13 @@
 //! The allocation map: which tracks of the volume may hold data, for
 //! BLOCK_STATUS's `base:allocation` context (sparse copies with `qemu-img
-//! convert` and `nbdcopy`, `nbdinfo --map`, `qemu-img map`).
+//! convert` and `nbdcopy`, `nbdinfo --map`, `qemu-img map`), and for reads:
+//! a cache miss on a track whose bit is clear is answered with zeroes
+//! without a device read ([`crate::backend::volume::Volume::read_track`]).
 //!
 //! One bit per track, in a file mapped shared (`alloc.map` in the data
-//! directory). A bit is set *before* a destage write of its track goes to
-//! the devices (at the door, [`crate::backend::pseudodev`]) and cleared once
+//! directory). A bit is set *before* a write of its track goes to the
+//! devices (at output commit's door, [`crate::backend::pseudodev`], and in
+//! [`crate::backend::volume::Volume::write_track`]) and cleared once
 //! TRIM or WRITE_ZEROES zeroed the track on the devices. A track whose bit
 //! is clear and that has no dirty NVS record reads as zeroes: it was never
 //! written, or trimmed or zeroed since. The map errs only towards "data":
@@ -22,9 +25,9 @@
 //!
 //! After a power loss, a WRITE_ZEROES or TRIM that no FLUSH covered may
 //! have its zeroing undone on the devices while its cleared bits survived;
-//! BLOCK_STATUS then reports zeroes where reads return the older data. Both
-//! are states the client's unflushed request allowed (NBD promises nothing
-//! about unflushed requests across a power loss).
+//! reads and BLOCK_STATUS then keep answering zeroes, as the request asked,
+//! where the devices hold the older data (NBD promises nothing about
+//! unflushed requests across a power loss; both states are allowed).
 //!
 //! File format (little-endian):
 //! ```text

@@ -720,13 +720,34 @@ impl Volume {
     }
 
     /// Read track `track` into `out` (one track).
+    ///
+    /// A track the allocation map says holds no data (never written, or
+    /// trimmed or zeroed since) reads as zeroes without a device read: on
+    /// a fresh or sparse volume most read misses are such tracks, and a
+    /// file device answered each with a page-cache fill of zeroes (7% of
+    /// the server's CPU time at 20k IOPS of the cache benchmark on a new
+    /// volume, in ext4's extent lookups and the zeroing of new pages).
+    /// The map errs only towards "data"
+    /// ([`crate::backend::allocmap`]), and its bit is set before any write
+    /// of the track reaches a device ([`Volume::write_track`]; output
+    /// commit's door for the writes it holds or renames).
     pub fn read_track(&self, track: u64, out: &mut [u8]) -> std::io::Result<()> {
+        if track < self.tracks() && !self.may_hold_data(track) {
+            out.fill(0);
+            return Ok(());
+        }
         self.inner.retry(|i| i.read_once(track, out))
     }
 
     /// Write one track's `data` to track `track`.
     pub fn write_track(&self, track: u64, data: &[u8]) -> std::io::Result<()> {
         debug_assert_eq!(data.len(), TRACK_BYTES);
+        // Before the data can reach a device: a clear bit reads as zeroes
+        // without a device read (`read_track`). Output commit's door sets
+        // it earlier, for writes it holds or renames.
+        if track < self.tracks() {
+            self.note_written(track);
+        }
         self.inner.retry(|i| i.write_once(track, data))
     }
 
@@ -784,7 +805,8 @@ impl Volume {
     }
 
     /// Track `track` may hold data from now on: called before a write of
-    /// it goes to the devices (by the door, the pseudo-device).
+    /// it goes to the devices ([`Volume::write_track`]; output commit's
+    /// door, the pseudo-device, for the writes it holds or renames).
     pub fn note_written(&self, track: u64) {
         self.inner.alloc.set(track);
     }

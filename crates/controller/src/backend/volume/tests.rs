@@ -952,3 +952,30 @@ fn a_device_whose_loss_cannot_be_recorded_is_not_skipped() {
         .expect("now the loss is recorded and the write goes around it");
     assert!(v.degraded());
 }
+
+#[test]
+fn a_track_the_allocation_map_calls_empty_reads_as_zeroes_without_a_device_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let v = Volume::open_or_create(dir.path(), 8 * 4096, 1, Raid::None, false).unwrap();
+    // Every device read fails: a read that reaches the device errors.
+    arm(&v, 0, DeviceOp::Read, Errno::Eio);
+    assert_eq!(
+        read(&v, 3).unwrap(),
+        vec![0u8; TRACK_BYTES],
+        "never written"
+    );
+    v.write_track(3, &pattern(3, 1)).unwrap();
+    assert!(v.may_hold_data(3), "a write sets the track's bit first");
+    assert!(
+        read(&v, 3).is_err(),
+        "a written track is read from the device"
+    );
+    assert_eq!(read(&v, 4).unwrap(), vec![0u8; TRACK_BYTES]);
+    v.zero_tracks(3, 4, false).unwrap();
+    assert_eq!(read(&v, 3).unwrap(), vec![0u8; TRACK_BYTES], "zeroed since");
+    assert!(read(&v, 8).is_err(), "past the end is still an error");
+    v.clear_device_faults();
+    assert!(read(&v, 8).is_err(), "past the end is still an error");
+    v.write_track(5, &pattern(5, 1)).unwrap();
+    assert_eq!(read(&v, 5).unwrap(), pattern(5, 1));
+}
