@@ -698,22 +698,29 @@ impl Nvs {
         seq: u64,
         out: &mut [u8],
     ) -> Result<(), NvsError> {
-        let (seg, at) = Self::locate(slot);
-        let map = self.segments[seg].lock();
-        let rec = &map[at..at + SLOT_BYTES];
-        self.check_record(rec, slot, track, seq)?;
-        out.copy_from_slice(&rec[SLOT_HEADER_BYTES..]);
-        Ok(())
+        self.with_record(slot, track, seq, |data| out.copy_from_slice(data))
     }
 
     /// [`Nvs::read_record`] into a new buffer (a destage's: copied once,
     /// never zeroed first).
     pub fn record_data(&self, slot: u32, track: u64, seq: u64) -> Result<Vec<u8>, NvsError> {
+        self.with_record(slot, track, seq, <[u8]>::to_vec)
+    }
+
+    /// `f` of the data of the record in `slot`, under its segment's lock,
+    /// once it is checked to be the record (`track`, `seq`), whole.
+    fn with_record<R>(
+        &self,
+        slot: u32,
+        track: u64,
+        seq: u64,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, NvsError> {
         let (seg, at) = Self::locate(slot);
         let map = self.segments[seg].lock();
         let rec = &map[at..at + SLOT_BYTES];
         self.check_record(rec, slot, track, seq)?;
-        Ok(rec[SLOT_HEADER_BYTES..].to_vec())
+        Ok(f(&rec[SLOT_HEADER_BYTES..]))
     }
 
     /// Whether `rec` (slot `slot`) holds the record (`track`, `seq`), whole.
@@ -734,9 +741,7 @@ impl Nvs {
     /// Check the record in `slot` as [`Nvs::read_record`] does, without
     /// copying its data out (the scrub).
     pub fn verify_record(&self, slot: u32, track: u64, seq: u64) -> Result<(), NvsError> {
-        let (seg, at) = Self::locate(slot);
-        let map = self.segments[seg].lock();
-        self.check_record(&map[at..at + SLOT_BYTES], slot, track, seq)
+        self.with_record(slot, track, seq, |_| ())
     }
 
     /// Repair the damaged data of the record (`track`, `seq`) in `slot`
