@@ -348,7 +348,7 @@ pub(super) fn cache_read(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result
     let ctl = Arc::clone(req.ctl());
     req.data = vec![0u8; req.header.length as usize];
     let first = req.first_track();
-    let mut misses = Vec::new();
+    let mut misses = smallvec::SmallVec::new();
     for (i, chunk) in req.data.chunks_mut(TRACK_BYTES).enumerate() {
         match ctl.cache.read(first + i as u64, chunk, &ctl.nvs) {
             Ok(crate::store::cache::ReadOutcome::Miss { epoch }) => misses.push((i, epoch)),
@@ -450,7 +450,7 @@ fn device_stage(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Fail
                     );
                 }
                 req.queue_waits += 1;
-                req.misses = misses[k..].to_vec();
+                req.misses = smallvec::SmallVec::from_slice(&misses[k..]);
                 continue_after(ctx, &ctl, modelled + wait, req, device_read(&ctl));
                 return Ok(());
             }
@@ -513,7 +513,7 @@ pub(super) fn nvs_write(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<
         ctl.nvs
             .write_record(req.slots[i], first_seq + i as u64, first + i as u64, chunk);
     }
-    req.misses = vec![(0, first_seq)];
+    req.misses = smallvec::smallvec![(0, first_seq)];
     next(
         ctx,
         req,

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use rcs::Priority;
+use smallvec::SmallVec;
 
 use crate::engine::datapath::{StageRef, cache_read, flush, nvs_write, stage, submit_stage, zero};
 use crate::engine::{Engine, ReplySink};
@@ -54,7 +55,10 @@ pub(crate) struct Request {
     pub(crate) slots: Vec<u32>,
     pub(crate) slot_state: SlotState,
     pub(crate) data: Vec<u8>,
-    pub(crate) misses: Vec<(usize, u64)>,
+    /// A read's missed tracks (index in the request, cache epoch); a
+    /// write's first NVS sequence number (one entry). Inline: no
+    /// allocation for the common one-track request.
+    pub(crate) misses: SmallVec<[(usize, u64); 2]>,
     pub(crate) received: Instant,
     /// An error decided before validation (payload over the limit).
     pub(crate) early_error: Option<(NbdError, &'static str)>,
@@ -146,7 +150,7 @@ impl Request {
             slots: Vec::new(),
             slot_state: SlotState::Reserved,
             data: Vec::new(),
-            misses: Vec::new(),
+            misses: SmallVec::new(),
             received: Instant::now(),
             early_error: None,
             replied: false,
@@ -246,7 +250,7 @@ impl Request {
             },
             data: std::mem::take(&mut self.data),
             misses: if from.name == "cache.read" {
-                Vec::new()
+                SmallVec::new()
             } else {
                 std::mem::take(&mut self.misses)
             },

@@ -94,8 +94,14 @@ fn charge_of(h: &RequestHeader) -> u64 {
 /// chunk's message spills to the heap.
 type Head = SmallVec<[u8; 32]>;
 
-/// Iovecs of one `sendmsg`: on the stack for up to 32 replies.
-type Slices<'a> = SmallVec<[IoSlice<'a>; 64]>;
+/// Most iovecs one `sendmsg` offers (128 replies: a commit releasing
+/// thousands of held replies sends them in several calls).
+const SEND_IOVECS_MAX: usize = 256;
+
+/// Iovecs of one `sendmsg`, on the stack (4 KiB): a send of more than 32
+/// replies (a commit releasing its held replies) allocated and freed a
+/// heap list of up to 1,024 iovecs each time.
+type Slices<'a> = SmallVec<[IoSlice<'a>; SEND_IOVECS_MAX]>;
 
 struct Frame {
     head: Head,
@@ -366,11 +372,11 @@ impl Connection {
     /// frame gone already: drops the frames that went, releasing their
     /// charges.
     fn send_some(&self, batch: &mut VecDeque<Frame>, sent: &mut usize) -> std::io::Result<Sent> {
-        let mut slices = Slices::with_capacity(batch.len().min(512) * 2);
+        let mut slices = Slices::new();
         let mut offered = 0usize;
         let mut skip = *sent;
         for f in batch.iter() {
-            if slices.len() + 2 > 1024 {
+            if slices.len() + 2 > SEND_IOVECS_MAX {
                 break;
             }
             for part in [&f.head[..], &f.body[..]] {
