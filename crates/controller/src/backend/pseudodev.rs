@@ -244,9 +244,9 @@ impl PseudoDevice {
         epoch: u64,
     ) -> std::io::Result<()> {
         debug_assert_eq!(data.len(), TRACK_BYTES);
-        // Before the data can reach a device under any scheme: the track
-        // may hold data from now on (BLOCK_STATUS).
-        volume.note_written(track);
+        // `Volume::write_track` sets the track's allocation bit before its
+        // data reaches a device (off, logging); a write held or renamed
+        // here reaches one later, or elsewhere, so the door sets it now.
         match self.scheme {
             OutputCommit::Off => volume.write_track(track, &data),
             OutputCommit::Logging => {
@@ -257,6 +257,7 @@ impl PseudoDevice {
                 volume.write_track(track, &data)
             }
             OutputCommit::Stall | OutputCommit::Buffering | OutputCommit::Renaming => {
+                volume.note_written(track);
                 // Buffering: the slot's data is written outside the lock.
                 // No reader looks for the track's held write meanwhile: the
                 // track is destaging, so reads are served from its NVS

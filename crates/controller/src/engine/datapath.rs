@@ -48,6 +48,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use rcs::{Failure, Priority, RecoveryPoint, Strategy, TaskCtx};
+use smallvec::{SmallVec, smallvec};
 
 use crate::config::FlushPolicy;
 use crate::engine::Engine;
@@ -348,7 +349,7 @@ pub(super) fn cache_read(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result
     let ctl = Arc::clone(req.ctl());
     req.data = vec![0u8; req.header.length as usize];
     let first = req.first_track();
-    let mut misses = smallvec::SmallVec::new();
+    let mut misses = SmallVec::new();
     for (i, chunk) in req.data.chunks_mut(TRACK_BYTES).enumerate() {
         match ctl.cache.read(first + i as u64, chunk, &ctl.nvs) {
             Ok(crate::store::cache::ReadOutcome::Miss { epoch }) => misses.push((i, epoch)),
@@ -450,7 +451,7 @@ fn device_stage(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<(), Fail
                     );
                 }
                 req.queue_waits += 1;
-                req.misses = smallvec::SmallVec::from_slice(&misses[k..]);
+                req.misses = SmallVec::from_slice(&misses[k..]);
                 continue_after(ctx, &ctl, modelled + wait, req, device_read(&ctl));
                 return Ok(());
             }
@@ -513,7 +514,7 @@ pub(super) fn nvs_write(ctx: &mut TaskCtx<'_>, mut req: Box<Request>) -> Result<
         ctl.nvs
             .write_record(req.slots[i], first_seq + i as u64, first + i as u64, chunk);
     }
-    req.misses = smallvec::smallvec![(0, first_seq)];
+    req.misses = smallvec![(0, first_seq)];
     next(
         ctx,
         req,
