@@ -144,7 +144,9 @@ wait_port() {
     fi
     sleep 0.05
   done
-  echo "controller.sh: $1 did not listen" >&2; return 1
+  echo "controller.sh: $1 did not listen" >&2
+  tail -n 5 "$work/peer.log" "$work/rebound.log" >&2 2>/dev/null || true
+  return 1
 }
 
 # Write the whole export of server $1 (started) once, then FLUSH.
@@ -167,17 +169,17 @@ start() {
         --metrics "127.0.0.1:$mport" ${REBOUND_FLAGS:-} 2>"$work/rebound.log" & ;;
     nbdkit-file)
       rm -f "$work/file.img"; fallocate -l 1G "$work/file.img"
-      nbdkit -f -p "$port" file "$work/file.img" & ;;
+      nbdkit -f -p "$port" file "$work/file.img" 2>"$work/peer.log" & ;;
     nbdkit-tls)
       rm -f "$work/file.img"; fallocate -l 1G "$work/file.img"
-      nbdkit -f -p "$port" --tls=require --tls-certificates="$pki" file "$work/file.img" & ;;
+      nbdkit -f -p "$port" --tls=require --tls-certificates="$pki" file "$work/file.img" 2>"$work/peer.log" & ;;
     nbdkit-memory)
-      nbdkit -f -p "$port" memory 1G & ;;
+      nbdkit -f -p "$port" memory 1G 2>"$work/peer.log" & ;;
     nbdkit-null)
-      nbdkit -f -p "$port" null 1G & ;;
+      nbdkit -f -p "$port" null 1G 2>"$work/peer.log" & ;;
     qemu-nbd)
       rm -f "$work/qemu.img"; fallocate -l 1G "$work/qemu.img"
-      qemu-nbd -f raw -x "" -p "$port" -t "$work/qemu.img" & ;;
+      qemu-nbd -f raw -x "" -p "$port" -t "$work/qemu.img" 2>"$work/peer.log" & ;;
   esac
   pid=$!
   wait_port "${1%-filled}"
@@ -358,14 +360,14 @@ echo
 echo "server CPU per I/O at fixed offered loads (cache-standard, rate_iops 75/25): $rounds round(s) of ${runtime}s after ${ramp}s of ramp, median per server and load"
 awk -F, 'NR > 1 { k = $1 " " $2; n[k]++; c[k, n[k]] = $5; i[k, n[k]] = $4; rp[k, n[k]] = $6; wp[k, n[k]] = $7; us[k, n[k]] = $8; sy[k, n[k]] = $9; if (!(k in seen)) { seen[k] = 1; order[++q] = k } }
 END {
-  printf "%-14s %10s %10s %12s %13s %10s %10s %12s %12s\n", "server", "offered", "IOPS", "CPU µs/IO", "vs null", "user µs", "sys µs", "read p99 µs", "write p99 µs"
+  printf "%-18s %10s %10s %12s %13s %10s %10s %12s %12s\n", "server", "offered", "IOPS", "CPU µs/IO", "vs null", "user µs", "sys µs", "read p99 µs", "write p99 µs"
   for (a = 1; a <= q; a++) { k = order[a]; m = n[k]
     for (x = 1; x <= m; x++) idx[x] = x
     for (x = 1; x <= m; x++) for (y = x + 1; y <= m; y++) if (c[k, idx[y]] < c[k, idx[x]]) { t = idx[x]; idx[x] = idx[y]; idx[y] = t }
     j = idx[int((m + 1) / 2)]; med[k] = c[k, j]; io[k] = i[k, j]; r9[k] = rp[k, j]; w9[k] = wp[k, j]; u9[k] = us[k, j]; s9[k] = sy[k, j] }
   for (a = 1; a <= q; a++) { k = order[a]; split(k, w, " ")
     floor = med["nbdkit-null " w[2]]
-    printf "%-14s %10d %10.0f %12.1f %13s %10.1f %10.1f %12.0f %12.0f\n", w[1], w[2], io[k], med[k], (floor > 0 ? sprintf("%.2fx", med[k] / floor) : "-"), u9[k], s9[k], r9[k], w9[k] }
+    printf "%-18s %10d %10.0f %12.1f %13s %10.1f %10.1f %12.0f %12.0f\n", w[1], w[2], io[k], med[k], (floor > 0 ? sprintf("%.2fx", med[k] / floor) : "-"), u9[k], s9[k], r9[k], w9[k] }
   for (a = 1; a <= q; a++) { k = order[a]; split(k, w, " ")
     floor = med["nbdkit-null " w[2]]
     if (w[1] == "rebound" && floor > 0)
@@ -380,7 +382,7 @@ awk -F, 'FNR == 1 { f++; next }
   f == 1 && $1 == "nbdkit-null" { k = $2; nn[k]++; nv[k, nn[k]] = $5 }
   f == 2 { k = $1 " " $2; n[k]++; rp[k, n[k]] = $4; ds[k, n[k]] = $5; if (!(k in seen)) { seen[k] = 1; order[++q] = k } }
   END {
-    printf "%-14s %10s %18s %12s %18s\n", "server", "offered", "request path µs", "destage µs", "nbdkit-null µs"
+    printf "%-18s %10s %18s %12s %18s\n", "server", "offered", "request path µs", "destage µs", "nbdkit-null µs"
     for (a = 1; a <= q; a++) { k = order[a]; m = n[k]; split(k, w, " ")
       # the round whose total is the median
       for (x = 1; x <= m; x++) idx[x] = x
@@ -388,6 +390,6 @@ awk -F, 'FNR == 1 { f++; next }
       j = idx[int((m + 1) / 2)]
       mm = nn[w[2]]; for (x = 1; x <= mm; x++) v[x] = nv[w[2], x]
       for (x = 1; x <= mm; x++) for (y = x + 1; y <= mm; y++) if (v[y] < v[x]) { t = v[x]; v[x] = v[y]; v[y] = t }
-      printf "%-14s %10d %18.1f %12.1f %18s\n", w[1], w[2], rp[k, j], ds[k, j], (mm ? sprintf("%.1f", v[int((mm + 1) / 2)]) : "-") }
+      printf "%-18s %10d %18.1f %12.1f %18s\n", w[1], w[2], rp[k, j], ds[k, j], (mm ? sprintf("%.1f", v[int((mm + 1) / 2)]) : "-") }
   }' "$ccsv" "$tcsv"
 echo "raw results: $tcsv"
