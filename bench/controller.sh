@@ -152,7 +152,6 @@ wait_port() {
 # Write the whole export of server $1 (started) once, then FLUSH.
 fill() {
   job_for "$1" "$here/fio/fill.fio" "$work/fill.fio"
-  sed -i '/^runtime=/d' "$work/fill.fio"
   fio "$work/fill.fio" --output-format=json 2>"$work/fio.err" >/dev/null \
     || { echo "controller.sh: filling $1 failed:" >&2; tail -5 "$work/fio.err" >&2; exit 1; }
 }
@@ -229,10 +228,12 @@ done
 printf '\r%60s\r' '' >&2
 
 echo "cache-standard (fio nbd engine, 4 KiB random 75% read, iodepth 32, 1 GiB): $rounds round(s) of ${runtime}s, median per server"
-awk -F, 'NR > 1 { n[$1]++; i[$1, n[$1]] = $3; rp[$1, n[$1]] = $4; wp[$1, n[$1]] = $5; rm[$1, n[$1]] = $6; wm[$1, n[$1]] = $7; cp[$1, n[$1]] = $8 }
+awk -F, 'NR > 1 { if (!($1 in n)) seen[++ns] = $1; n[$1]++; i[$1, n[$1]] = $3; rp[$1, n[$1]] = $4; wp[$1, n[$1]] = $5; rm[$1, n[$1]] = $6; wm[$1, n[$1]] = $7; cp[$1, n[$1]] = $8 }
 END {
   na = split("rebound rebound-unix rebound-tls nbdkit-file nbdkit-tls nbdkit-memory qemu-nbd", all, " ")
-  c = 0; for (k = 1; k <= na; k++) if (all[k] in n) order[++c] = all[k]
+  c = 0; for (k = 1; k <= na; k++) if (all[k] in n) { order[++c] = all[k]; known[all[k]] = 1 }
+  # Then any other server measured (a -filled one), in the order run.
+  for (k = 1; k <= ns; k++) if (!(seen[k] in known)) order[++c] = seen[k]
   for (k = 1; k <= c; k++) {
     s = order[k]; m = n[s]
     # median by IOPS: sort indices
@@ -241,9 +242,9 @@ END {
     j = idx[int((m + 1) / 2)]
     med[s] = i[s, j]; p99r[s] = rp[s, j]; p99w[s] = wp[s, j]; mr[s] = rm[s, j]; mw[s] = wm[s, j]; cpu[s] = cp[s, j]
   }
-  printf "%-14s %10s %9s %14s %15s %13s %14s %12s\n", "server", "IOPS", "vs file", "read p99 µs", "write p99 µs", "read mean µs", "write mean µs", "CPU µs/IO"
+  printf "%-18s %10s %9s %14s %15s %13s %14s %12s\n", "server", "IOPS", "vs file", "read p99 µs", "write p99 µs", "read mean µs", "write mean µs", "CPU µs/IO"
   for (k = 1; k <= c; k++) { s = order[k]
-    printf "%-14s %10.0f %9.3f %14.0f %15.0f %13.1f %14.1f %12.1f\n", s, med[s], med[s] / med["nbdkit-file"], p99r[s], p99w[s], mr[s], mw[s], cpu[s] }
+    printf "%-18s %10.0f %9.3f %14.0f %15.0f %13.1f %14.1f %12.1f\n", s, med[s], med[s] / med["nbdkit-file"], p99r[s], p99w[s], mr[s], mw[s], cpu[s] }
   ratio = med["rebound"] / med["nbdkit-file"]
   p99 = (p99r["rebound"] <= p99r["nbdkit-file"] && p99w["rebound"] <= p99w["nbdkit-file"])
   printf "target: rebound >= 1.1x nbdkit-file IOPS: %.3fx (%s); p99 no worse (read %.0f vs %.0f, write %.0f vs %.0f µs): %s\n",
