@@ -38,7 +38,9 @@
 #
 # Environment: REBOUND_FLAGS adds flags to `rebound serve` (experiments);
 # SERVERS limits the servers measured (default: all); WRITE_SERVERS
-# those of the write table (default: rebound nbdkit-file).
+# those of the write table (default: rebound nbdkit-file); CPU_SERVERS
+# those of the fixed-load tables (default: rebound rebound-filled
+# rebound-unix nbdkit-file nbdkit-null); LOADS and RAMP as above.
 set -euo pipefail
 
 quick=0; out="bench/out"; rebound=""; rounds=""; runtime=""
@@ -49,7 +51,7 @@ while (($#)); do
     --rebound) rebound="$2"; shift ;;
     --rounds) rounds="$2"; shift ;;
     --runtime) runtime="$2"; shift ;;
-    -h|--help) sed -n '2,41p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,43p' "$0"; exit 0 ;;
     *) echo "controller.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
