@@ -75,7 +75,13 @@ fi
 mkdir -p "$out"
 work="$(mktemp -d)"
 trap 'jobs -p | xargs -r kill 2>/dev/null || true; rm -rf "$work" /dev/shm/rebound-bench-$$.nvs /dev/shm/rebound-bench-$$.box' EXIT
-port=$((20000 + $$ % 20000))
+# Ports below the kernel's ephemeral range: a port inside it may be the
+# local end of a client connection (or its TIME_WAIT) at the moment a
+# server binds it, and the bind fails with "Address already in use"
+# (CI hit it once with 20000 + PID % 20000).
+read -r ephemeral_low _ < /proc/sys/net/ipv4/ip_local_port_range
+span=$(( ephemeral_low - 10002 )); ((span > 0)) || span=1
+port=$((10000 + $$ % span))
 mport=$((port + 1))  # rebound's metrics endpoint (read hit ratio)
 hits="$out/controller-hits.csv"
 echo "server,round,reads,hit_ratio" > "$hits"

@@ -34,7 +34,11 @@ if ((${#need[@]})); then
 fi
 mkdir -p "$out"
 work="$(mktemp -d)"; mcfile="/dev/shm/rebound-mc-$$"; boxfile="/dev/shm/rebound-box-$$"
-port=$((30000 + $$ % 20000))
+# Below the kernel's ephemeral range (as bench/controller.sh): a port
+# inside it may be a client connection's local end when memcached binds.
+read -r ephemeral_low _ < /proc/sys/net/ipv4/ip_local_port_range
+span=$(( ephemeral_low - 10001 )); ((span > 0)) || span=1
+port=$((10000 + $$ % span))
 trap 'jobs -p | xargs -r kill -9 2>/dev/null || true; rm -rf "$work" "$mcfile" "$boxfile"' EXIT
 
 now_ms() { date +%s%3N; }
