@@ -51,7 +51,7 @@ while (($#)); do
     --rebound) rebound="$2"; shift ;;
     --rounds) rounds="$2"; shift ;;
     --runtime) runtime="$2"; shift ;;
-    -h|--help) sed -n '2,43p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;;
     *) echo "controller.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -165,11 +165,12 @@ fill() {
 }
 
 start() {
-  case "${1%-filled}" in
+  local server="${1%-filled}"
+  case "$server" in
     rebound|rebound-unix|rebound-tls)
       local listen=(--listen "127.0.0.1:$port")
-      [ "${1%-filled}" = rebound-unix ] && listen=(--listen "unix:$work/nbd.sock")
-      [ "${1%-filled}" = rebound-tls ] && listen+=(--tls require --tls-certificates "$pki")
+      [ "$server" = rebound-unix ] && listen=(--listen "unix:$work/nbd.sock")
+      [ "$server" = rebound-tls ] && listen+=(--tls require --tls-certificates "$pki")
       rm -rf "$work/rebound" /dev/shm/rebound-bench-$$.nvs /dev/shm/rebound-bench-$$.box
       "$rebound" serve "${listen[@]}" --data-dir "$work/rebound" \
         --nvs /dev/shm/rebound-bench-$$.nvs --box /dev/shm/rebound-bench-$$.box \
@@ -189,8 +190,8 @@ start() {
       qemu-nbd -f raw -x "" -p "$port" -t "$work/qemu.img" 2>"$work/peer.log" & ;;
   esac
   pid=$!
-  wait_port "${1%-filled}"
-  if [[ "$1" == *-filled ]]; then fill "$1"; fi
+  wait_port "$server"
+  if [ "$server" != "$1" ]; then fill "$1"; fi
 }
 
 stop() {

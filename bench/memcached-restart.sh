@@ -18,7 +18,7 @@ while (($#)); do
     --rounds) rounds="$2"; shift ;;
     --rebound) rebound="$2"; shift ;;
     --out) out="$2"; shift ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;;
     *) echo "memcached-restart.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
