@@ -58,6 +58,11 @@ pub struct ServeArgs {
     /// Read cache size [default: 256M].
     #[arg(long, value_name = "SIZE", value_parser = size)]
     cache_size: Option<u64>,
+    /// Map the cache's memory in at start-up, in the background at idle
+    /// priority, so no request pays a page fault for a frame's first fill;
+    /// false: mapped as it fills [default: true].
+    #[arg(long, value_name = "BOOL")]
+    cache_prefault: Option<bool>,
     /// Task runtime worker threads; 0 means one per core [default: 0].
     #[arg(long, value_name = "N")]
     workers: Option<usize>,
@@ -288,6 +293,7 @@ impl ServeArgs {
             rebuild_rate,
             nvs_size,
             cache_size,
+            cache_prefault,
             workers,
             policy,
             idle_spins,
@@ -693,6 +699,7 @@ mod tests {
         ("box_path", Some("/tmp/rebound-flags.box")),
         ("nvs_size", Some("128M")),
         ("cache_size", Some("64M")),
+        ("cache_prefault", Some("false")),
         ("workers", Some("3")),
         ("policy", Some("static")),
         ("idle_spins", Some("7")),

@@ -418,3 +418,46 @@ fn replies_still_queued_when_a_client_disconnects_are_all_delivered_first() {
     r.s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     assert!(r.closed(), "the server did not close after DISC");
 }
+
+/// The cache's memory is mapped in by a background thread right after
+/// start-up (`--cache-prefault`, on by default), so a frame's first fill
+/// takes no page fault on the request path; with it off, the cache costs
+/// memory only as it fills. Either way the memory bound above counts the
+/// whole cache.
+#[test]
+fn the_cache_is_mapped_in_at_start_up_unless_prefault_is_off() {
+    let cache = 128u64 << 20;
+    let on = Server::start("256M", &["--cache-size", "128M"]);
+    let off = Server::start(
+        "256M",
+        &["--cache-size", "128M", "--cache-prefault", "false"],
+    );
+    assert!(
+        on.logs_within("cache memory mapped in", Duration::from_secs(30)),
+        "no prefault:\n{}",
+        on.log()
+    );
+    let (rss_on, rss_off) = (rss(on.pid()), rss(off.pid()));
+    assert!(
+        rss_on >= rss_off + cache * 9 / 10,
+        "with prefault {} MiB resident, without {} MiB: the {} MiB cache was not mapped in",
+        rss_on >> 20,
+        rss_off >> 20,
+        cache >> 20
+    );
+    assert!(
+        !off.log().contains("cache memory mapped in"),
+        "--cache-prefault false mapped the cache in:\n{}",
+        off.log()
+    );
+    // Both serve: a write and its read back, through qemu-io.
+    for s in [&on, &off] {
+        qemu_io(
+            &["-f", "raw", &s.uri()],
+            &[
+                "write -P 0x5a 1M 64k".to_owned(),
+                "read -P 0x5a 1M 64k".to_owned(),
+            ],
+        );
+    }
+}

@@ -363,6 +363,7 @@ fn start_background_work(engine: &Arc<Engine>) -> Result<(), OpenError> {
     crate::engine::destage::start_syncer(engine)?;
     crate::engine::destage::kick(engine);
     crate::engine::scrub::start(engine);
+    crate::engine::prefault::start(engine);
     Ok(())
 }
 

@@ -96,7 +96,8 @@ pub fn enter(policy: SchedPolicy) {
 }
 
 /// Put thread `tid` (0: the calling thread) under policy `number`
-/// (`libc::SCHED_*`, priority 0: `SCHED_OTHER` or `SCHED_BATCH`).
+/// (`libc::SCHED_*`, priority 0: `SCHED_OTHER`, `SCHED_BATCH` or
+/// `SCHED_IDLE`).
 pub fn set_thread(tid: libc::pid_t, number: i32) -> io::Result<()> {
     // Both policies take priority 0 (sched(7)); the nice value stays.
     let param = libc::sched_param { sched_priority: 0 };

@@ -119,12 +119,12 @@ fn lrc(track: u64, frame: u32) -> u32 {
 struct Shard {
     map: FxHashMap<u64, Entry>,
     frames: Vec<Frame>,
-    /// Every frame's bytes, one allocation per shard. Zeroed by the
-    /// allocator (`calloc`): a large slab is mapped memory the kernel
-    /// gives as it is first touched, so a large cache costs nothing at
-    /// start-up (a restart is on the recovery path) and memory only as it
-    /// fills, with no allocation per frame on the I/O path.
-    slab: Box<[u8]>,
+    /// Every frame's bytes, one anonymous mapping per shard (zero pages
+    /// the kernel gives as they are first touched, whatever the
+    /// allocator): creating a large cache costs nothing at start-up (a
+    /// restart is on the recovery path), and no frame is allocated on the
+    /// I/O path. [`Cache::prefault_step`] maps it in ahead of use.
+    slab: memmap2::MmapMut,
     free: Vec<u32>,
     hand: usize,
     epoch: u64,
@@ -339,7 +339,15 @@ pub struct Cache {
     journal: Option<Arc<dyn DirtyJournal>>,
     /// Told of every frame rebuilt after failing its check word (rung 1).
     rebuild_hook: std::sync::OnceLock<RebuildHook>,
+    /// Each shard's slab, as (address, length), for
+    /// [`Cache::prefault_step`], which must not take the shard's lock.
+    slabs: Box<[(usize, usize)]>,
 }
+
+/// Bytes of the cache's memory one [`Cache::prefault_step`] maps in (256
+/// pages: a millisecond or so), so the thread doing it can stop between
+/// steps.
+pub const PREFAULT_STEP_BYTES: usize = 1 << 20;
 
 /// Called with the track whose frame failed its check word and was dropped
 /// to be rebuilt from its NVS record or the device.
@@ -374,8 +382,15 @@ impl Cache {
         let per_shard = frames.div_ceil(CACHE_SHARDS).max(1);
         const { assert!(CACHE_SHARDS <= 64, "one bit per shard in a u64") };
         let changed_shards = Arc::new(AtomicU64::new(0));
+        let slab_bytes = per_shard * TRACK_BYTES;
+        let mut slabs = Vec::with_capacity(CACHE_SHARDS);
         let shards = (0..CACHE_SHARDS)
             .map(|i| {
+                // Address space only: the kernel gives zero pages as they
+                // are touched. Failing here is failing to allocate.
+                let mut slab = memmap2::MmapMut::map_anon(slab_bytes)
+                    .unwrap_or_else(|e| panic!("mapping {slab_bytes} bytes of cache: {e}"));
+                slabs.push((slab.as_mut_ptr() as usize, slab.len()));
                 CachePadded::new(ShardLock {
                     accesses: loglock::TrackedMutex::new("cache shard", 0),
                     shard: Mutex::new(Shard {
@@ -387,7 +402,7 @@ impl Cache {
                                 lrc: 0,
                             })
                             .collect(),
-                        slab: vec![0u8; per_shard * TRACK_BYTES].into_boxed_slice(),
+                        slab,
                         free: (0..per_shard as u32).rev().collect(),
                         hand: 0,
                         epoch: 0,
@@ -409,7 +424,48 @@ impl Cache {
             frames: per_shard * CACHE_SHARDS,
             journal,
             rebuild_hook: std::sync::OnceLock::new(),
+            slabs: slabs.into_boxed_slice(),
         }
+    }
+
+    /// How many [`Cache::prefault_step`]s map in the whole cache.
+    pub fn prefault_steps(&self) -> usize {
+        self.slabs
+            .iter()
+            .map(|&(_, len)| len.div_ceil(PREFAULT_STEP_BYTES))
+            .sum()
+    }
+
+    /// Map in step `step` (of [`Cache::prefault_steps`]) of the frames'
+    /// memory: up to [`PREFAULT_STEP_BYTES`] of one shard's slab, with
+    /// `MADV_POPULATE_WRITE` (Linux 5.14), as a first write would, without
+    /// reading or changing a byte. The frames' first fill then takes no
+    /// page fault on the request path. Takes no lock: the shards' owners
+    /// may use the same bytes meanwhile. The bytes mapped; an error from a
+    /// kernel without it (`EINVAL`) or out of memory (`ENOMEM`).
+    pub fn prefault_step(&self, step: usize) -> std::io::Result<usize> {
+        let per_shard = self.prefault_steps() / self.slabs.len();
+        let (addr, len) = self.slabs[step / per_shard];
+        let at = (step % per_shard) * PREFAULT_STEP_BYTES;
+        let n = PREFAULT_STEP_BYTES.min(len - at);
+        // SAFETY: [addr + at, addr + at + n) lies inside one shard's slab
+        // mapping (page-aligned: a mapping starts on a page and `at` is a
+        // multiple of the step, itself of the page), which lives as long
+        // as `self`, borrowed for the call (a slab is never replaced).
+        // MADV_POPULATE_WRITE only maps the pages in writable; their bytes
+        // are not read or changed (a page never touched stays zero), so a
+        // thread using them under its shard's lock sees no change.
+        let rc = unsafe {
+            libc::madvise(
+                (addr + at) as *mut libc::c_void,
+                n,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(n)
     }
 
     fn journal_record(&self, e: &mut Entry, track: u64) {
@@ -1405,5 +1461,57 @@ mod tests {
         );
         assert!(cache.begin_destage(21).is_some(), "fence lifted");
         assert!(!cache.holds_zeroing(fence));
+    }
+
+    /// How many of the pages of `cache`'s slabs are resident (`mincore`).
+    fn resident_pages(cache: &Cache) -> usize {
+        let page = 4096;
+        cache
+            .slabs
+            .iter()
+            .map(|&(addr, len)| {
+                let mut vec = vec![0u8; len.div_ceil(page)];
+                // SAFETY: mincore reads nothing of the range (a mapping of
+                // `cache`, alive here) and writes one byte per page into
+                // `vec`, which has exactly that many.
+                let rc = unsafe { libc::mincore(addr as *mut libc::c_void, len, vec.as_mut_ptr()) };
+                assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+                vec.iter().filter(|&&v| v & 1 == 1).count()
+            })
+            .sum()
+    }
+
+    /// The slabs are address space until touched; prefaulting maps every
+    /// page in, frame data written before and after it reads back whole,
+    /// and a frame never written still reads as zeroes.
+    #[test]
+    fn prefaulting_maps_the_slabs_in_without_changing_a_frame() {
+        let (_d, nvs) = nvs();
+        // 4 MiB per shard: several steps each, the last one short.
+        let frames = CACHE_SHARDS * (PREFAULT_STEP_BYTES * 4 + TRACK_BYTES * 3) / TRACK_BYTES;
+        let cache = Cache::new(frames, None);
+        let pages = cache
+            .slabs
+            .iter()
+            .map(|&(_, len)| len / 4096)
+            .sum::<usize>();
+        assert!(
+            resident_pages(&cache) < pages / 100,
+            "a fresh cache is resident"
+        );
+        write(&cache, &nvs, 5, 0x55);
+        let steps = cache.prefault_steps();
+        assert_eq!(steps, CACHE_SHARDS * 5);
+        let mapped: usize = (0..steps).map(|i| cache.prefault_step(i).unwrap()).sum();
+        assert_eq!(mapped, pages * 4096);
+        assert_eq!(resident_pages(&cache), pages);
+        write(&cache, &nvs, 6, 0x66);
+        let mut out = vec![0u8; TRACK_BYTES];
+        for (track, byte) in [(5, 0x55u8), (6, 0x66)] {
+            assert_eq!(cache.read(track, &mut out, &nvs).unwrap(), ReadOutcome::Hit);
+            assert!(out.iter().all(|&x| x == byte), "track {track}");
+        }
+        let shard = cache.shards[0].shard.lock();
+        assert!(shard.slab.iter().all(|&x| x == 0), "shard 0 holds no frame");
     }
 }

@@ -17,6 +17,9 @@
 //! | [`cache`] | the cache directory (dirty state per track), CLOCK read cache, control-block check words |
 //! | [`journal`] | what the recovery box holds: volume identity, dirty directory, destage cursor |
 
+// madvise(MADV_POPULATE_WRITE) for the prefault (and mincore in its
+// test), each with its SAFETY note.
+#[allow(unsafe_code)]
 pub mod cache;
 pub mod journal;
 #[allow(unsafe_code)]
