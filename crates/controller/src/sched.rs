@@ -96,14 +96,27 @@ pub fn enter(policy: SchedPolicy) {
 }
 
 /// Put thread `tid` (0: the calling thread) under policy `number`
-/// (`libc::SCHED_*`, priority 0: `SCHED_OTHER`, `SCHED_BATCH` or
-/// `SCHED_IDLE`).
+/// (`libc::SCHED_*`, priority 0: `SCHED_OTHER` or `SCHED_BATCH`).
 pub fn set_thread(tid: libc::pid_t, number: i32) -> io::Result<()> {
     // Both policies take priority 0 (sched(7)); the nice value stays.
     let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: sched_setscheduler reads one sched_param from the reference
     // we pass, which lives across the call; it touches no other memory.
     let rc = unsafe { libc::sched_setscheduler(tid, number, &param) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The calling thread's nice value becomes `nice` (-20 to 19; on Linux a
+/// nice value is per thread).
+pub fn set_nice(nice: i32) -> io::Result<()> {
+    // SAFETY: gettid and setpriority take integers and touch no memory.
+    let rc = unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice)
+    };
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
@@ -141,6 +154,36 @@ mod tests {
         })
         .join()
         .unwrap();
+    }
+
+    /// Nice is per thread: the thread that sets it has it, the process's
+    /// other threads keep theirs.
+    #[test]
+    fn set_nice_changes_the_calling_thread_only() {
+        fn nice_of(tid: i32) -> i32 {
+            let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap();
+            // Field 19, counted after the parenthesised command name.
+            let after = &stat[stat.rfind(')').unwrap() + 2..];
+            after.split(' ').nth(16).unwrap().parse().unwrap()
+        }
+        // SAFETY: gettid takes nothing and touches no memory.
+        let here = unsafe { libc::gettid() };
+        let before = nice_of(here);
+        let (tid, nice) = std::thread::spawn(|| {
+            set_nice(10).unwrap();
+            // SAFETY: as above.
+            let tid = unsafe { libc::gettid() };
+            (tid, nice_of(tid))
+        })
+        .join()
+        .unwrap();
+        assert_ne!(tid, here);
+        assert_eq!(nice, 10);
+        assert_eq!(
+            nice_of(here),
+            before,
+            "the calling thread of the test kept its nice value"
+        );
     }
 
     #[test]

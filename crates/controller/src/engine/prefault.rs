@@ -13,9 +13,14 @@
 //!
 //! So, with `cache_prefault` on (the default), one thread maps the whole
 //! cache in right after start-up, [`PREFAULT_STEP_BYTES`] at a time
-//! (`MADV_POPULATE_WRITE`, which writes no byte), under `SCHED_IDLE`: it
-//! runs only on a core nothing else wants, never delays serving (start-up
-//! does not wait for it), and stops when the server does. The cache then
+//! (`MADV_POPULATE_WRITE`, which writes no byte), at nice 10: start-up
+//! does not wait for it, it takes a small share of a core that serving
+//! wants (256 MiB is about 90 ms of one core here), and it stops when the
+//! server does. Not `SCHED_IDLE`: the kernel holds the process's memory
+//! map read-locked through each step, and a thread of that class,
+//! preempted inside one on a busy host, may wait long before it runs
+//! again, while any `mmap` or `munmap` of the server (a new connection's
+//! thread stack, a large request's buffer) waits for it. The cache then
 //! holds its memory from the start rather than as it fills: the memory
 //! bound in the README counts the whole cache either way. A kernel
 //! without `MADV_POPULATE_WRITE` (before 5.14) leaves the cache mapped as
@@ -28,6 +33,10 @@ use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use crate::engine::Engine;
+
+/// The prefault thread's nice value: a weight of 110 against a serving
+/// thread's 1,024 (sched(7)).
+const PREFAULT_NICE: i32 = 10;
 
 /// Start mapping the cache in, if configured.
 pub(crate) fn start(engine: &Arc<Engine>) {
@@ -46,7 +55,7 @@ pub(crate) fn start(engine: &Arc<Engine>) {
 /// Map the cache in step by step, holding the engine only for a step, so
 /// a stopped server is neither kept alive nor waited for.
 fn run(weak: &Weak<Engine>) {
-    if let Err(e) = crate::sched::set_thread(0, libc::SCHED_IDLE) {
+    if let Err(e) = crate::sched::set_nice(PREFAULT_NICE) {
         tracing::debug!(error = %e, "prefault thread runs at normal priority");
     }
     let started = Instant::now();

@@ -344,10 +344,11 @@ pub struct Cache {
     slabs: Box<[(usize, usize)]>,
 }
 
-/// Bytes of the cache's memory one [`Cache::prefault_step`] maps in (256
-/// pages: a millisecond or so), so the thread doing it can stop between
-/// steps.
-pub const PREFAULT_STEP_BYTES: usize = 1 << 20;
+/// Bytes of the cache's memory one [`Cache::prefault_step`] maps in (64
+/// pages: about 0.1 ms on an idle core here), so the thread doing it
+/// holds the process's memory map (read-locked by the kernel for the
+/// call) only briefly, and can stop between steps.
+pub const PREFAULT_STEP_BYTES: usize = 256 << 10;
 
 /// Called with the track whose frame failed its check word and was dropped
 /// to be rebuilt from its NVS record or the device.
@@ -444,7 +445,8 @@ impl Cache {
     /// may use the same bytes meanwhile. The bytes mapped; an error from a
     /// kernel without it (`EINVAL`) or out of memory (`ENOMEM`).
     pub fn prefault_step(&self, step: usize) -> std::io::Result<usize> {
-        let per_shard = self.prefault_steps() / self.slabs.len();
+        // Every shard's slab has the same length (`with_checkpoints`).
+        let per_shard = self.slabs[0].1.div_ceil(PREFAULT_STEP_BYTES);
         let (addr, len) = self.slabs[step / per_shard];
         let at = (step % per_shard) * PREFAULT_STEP_BYTES;
         let n = PREFAULT_STEP_BYTES.min(len - at);
@@ -1487,7 +1489,7 @@ mod tests {
     #[test]
     fn prefaulting_maps_the_slabs_in_without_changing_a_frame() {
         let (_d, nvs) = nvs();
-        // 4 MiB per shard: several steps each, the last one short.
+        // Four whole steps and a short one per shard.
         let frames = CACHE_SHARDS * (PREFAULT_STEP_BYTES * 4 + TRACK_BYTES * 3) / TRACK_BYTES;
         let cache = Cache::new(frames, None);
         let pages = cache
