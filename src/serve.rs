@@ -58,8 +58,8 @@ pub struct ServeArgs {
     /// Read cache size [default: 256M].
     #[arg(long, value_name = "SIZE", value_parser = size)]
     cache_size: Option<u64>,
-    /// Map the cache's memory in at start-up, in the background at idle
-    /// priority, so no request pays a page fault for a frame's first fill;
+    /// Map the cache's memory in at start-up, in the background at low
+    /// priority (nice 10), so no request pays a page fault for a frame's first fill;
     /// false: mapped as it fills [default: true].
     #[arg(long, value_name = "BOOL")]
     cache_prefault: Option<bool>,

@@ -15,7 +15,7 @@
 //! nvs_size = "256M"
 //! box = "/dev/shm/rebound-XXXXXXXX.box"   # default: derived from data_dir
 //! cache_size = "256M"
-//! cache_prefault = true                    # map the cache's memory in at start-up, in the background at idle priority (false: as it fills)
+//! cache_prefault = true                    # map the cache's memory in at start-up, in the background at low priority, nice 10 (false: as it fills)
 //! workers = 0                              # 0: one per core
 //! policy = "dynamic"
 //! idle_spins = 16                          # rcs worker spin before parking
@@ -290,7 +290,7 @@ pub struct Config {
     #[serde(deserialize_with = "de_size", serialize_with = "ser_size")]
     pub cache_size: u64,
     /// Map the cache's memory in at start-up, by a background thread at
-    /// idle priority ([`crate::engine::prefault`]), so no request pays a
+    /// low priority ([`crate::engine::prefault`]), so no request pays a
     /// page fault for a frame's first fill; false: mapped as it fills.
     pub cache_prefault: bool,
     /// rcs worker threads (0: one per core).

@@ -25,7 +25,7 @@
 //! | [`blockstatus`] | BLOCK_STATUS: which tracks hold data (`base:allocation`) |
 //! | [`destage`] | destage of dirty tracks, FLUSH and FUA; lost tracks |
 //! | [`scrub`] | background check of the dirty NVS records |
-//! | [`prefault`] | the cache's memory mapped in at start-up, in the background at idle priority |
+//! | [`prefault`] | the cache's memory mapped in at start-up, in the background at low priority |
 //! | [`epoch`] | rung 3: epochs, checkpoints, output commit, rollback |
 //! | [`system`] | rung 4: quiesce, rebuild, redrive, in process |
 //! | [`inject`] | arming a [`Fault`](crate::faults::Fault) on a running engine |

@@ -431,10 +431,13 @@ impl Cache {
 
     /// How many [`Cache::prefault_step`]s map in the whole cache.
     pub fn prefault_steps(&self) -> usize {
-        self.slabs
-            .iter()
-            .map(|&(_, len)| len.div_ceil(PREFAULT_STEP_BYTES))
-            .sum()
+        self.slabs.len() * self.prefault_steps_per_slab()
+    }
+
+    /// Steps per shard's slab (every slab has the same length:
+    /// `with_checkpoints`).
+    fn prefault_steps_per_slab(&self) -> usize {
+        self.slabs[0].1.div_ceil(PREFAULT_STEP_BYTES)
     }
 
     /// Map in step `step` (of [`Cache::prefault_steps`]) of the frames'
@@ -445,8 +448,7 @@ impl Cache {
     /// may use the same bytes meanwhile. The bytes mapped; an error from a
     /// kernel without it (`EINVAL`) or out of memory (`ENOMEM`).
     pub fn prefault_step(&self, step: usize) -> std::io::Result<usize> {
-        // Every shard's slab has the same length (`with_checkpoints`).
-        let per_shard = self.slabs[0].1.div_ceil(PREFAULT_STEP_BYTES);
+        let per_shard = self.prefault_steps_per_slab();
         let (addr, len) = self.slabs[step / per_shard];
         let at = (step % per_shard) * PREFAULT_STEP_BYTES;
         let n = PREFAULT_STEP_BYTES.min(len - at);
@@ -1465,9 +1467,14 @@ mod tests {
         assert!(!cache.holds_zeroing(fence));
     }
 
+    fn page_bytes() -> usize {
+        // SAFETY: sysconf takes an integer and touches no memory.
+        usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap()
+    }
+
     /// How many of the pages of `cache`'s slabs are resident (`mincore`).
     fn resident_pages(cache: &Cache) -> usize {
-        let page = 4096;
+        let page = page_bytes();
         cache
             .slabs
             .iter()
@@ -1495,7 +1502,7 @@ mod tests {
         let pages = cache
             .slabs
             .iter()
-            .map(|&(_, len)| len / 4096)
+            .map(|&(_, len)| len / page_bytes())
             .sum::<usize>();
         assert!(
             resident_pages(&cache) < pages / 100,
@@ -1505,7 +1512,7 @@ mod tests {
         let steps = cache.prefault_steps();
         assert_eq!(steps, CACHE_SHARDS * 5);
         let mapped: usize = (0..steps).map(|i| cache.prefault_step(i).unwrap()).sum();
-        assert_eq!(mapped, pages * 4096);
+        assert_eq!(mapped, pages * page_bytes());
         assert_eq!(resident_pages(&cache), pages);
         write(&cache, &nvs, 6, 0x66);
         let mut out = vec![0u8; TRACK_BYTES];
