@@ -338,6 +338,26 @@ fn export_info(config: &Config, volume: &Volume) -> ExportInfo {
     }
 }
 
+/// Frames in the cache: `cache_size` in tracks, but never more than the
+/// volume has tracks. A frame beyond them could never hold a track, and
+/// the prefault (`engine/prefault.rs`) maps every frame's memory in, so an
+/// uncapped cache larger than its volume would keep memory resident for
+/// nothing. The cache shards tracks by their low bits and gives every
+/// shard `frames / shards` frames rounded up, so the volume's tracks
+/// all fit.
+fn cache_frames(config: &Config) -> usize {
+    let asked = config.cache_size / TRACK_BYTES as u64;
+    let tracks = config.volume_tracks();
+    if asked > tracks {
+        tracing::info!(
+            cache_size = config.cache_size,
+            volume_size = config.volume_size,
+            "the cache is larger than the volume: using one frame per track of the volume"
+        );
+    }
+    asked.min(tracks) as usize
+}
+
 /// Arm the faults the configuration names (`inject`), as `rebound inject`
 /// would.
 fn arm_configured_faults(engine: &Arc<Engine>) -> Result<(), OpenError> {
@@ -375,7 +395,7 @@ impl Controller {
         config.validate()?;
         let recoveries: Arc<RecoveryLog> = Arc::default();
         let (volume, nvs, fresh, identity) = open_volume_and_nvs(&config, &recoveries)?;
-        let frames = (config.cache_size / TRACK_BYTES as u64) as usize;
+        let frames = cache_frames(&config);
         let destage = DestageQueue::default();
         let (journal, cache, kind, scan) =
             recover_state(&config, identity, &nvs, frames, &destage, fresh)?;

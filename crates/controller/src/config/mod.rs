@@ -286,7 +286,8 @@ pub struct Config {
     /// Path of the recovery box (default: under /dev/shm, named after `data_dir`).
     #[serde(rename = "box", skip_serializing_if = "Option::is_none")]
     pub box_path: Option<PathBuf>,
-    /// Size of the read cache.
+    /// Size of the read cache; a cache larger than the volume gets one
+    /// frame per track of the volume and no more.
     #[serde(deserialize_with = "de_size", serialize_with = "ser_size")]
     pub cache_size: u64,
     /// Map the cache's memory in at start-up, by a background thread at

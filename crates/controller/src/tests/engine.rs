@@ -247,6 +247,44 @@ fn requests_out_of_range_are_refused_and_change_nothing() {
 }
 
 #[test]
+fn a_cache_larger_than_the_volume_gets_one_frame_per_track_and_keeps_them_all() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let _serial = SERIAL.lock();
+    {
+        let b = Bench::open_with(|c| c.cache_size = 1 << 20);
+        assert_eq!(
+            b.engine().cache.frames(),
+            (1 << 20) / TRACK_BYTES,
+            "a cache smaller than its volume keeps the size asked"
+        );
+    }
+    let mut b = Bench::open_with(|c| {
+        c.volume_size = 1 << 20;
+        c.cache_size = 64 << 20;
+    });
+    let tracks = b.engine().volume.tracks();
+    assert_eq!(tracks, 256);
+    assert_eq!(
+        b.engine().cache.frames(),
+        tracks as usize,
+        "64 MiB of cache over a 1 MiB volume: one frame per track"
+    );
+    for t in 0..tracks {
+        assert_eq!(b.write(t, t as u8 ^ 0x5a).result, Ok(()));
+    }
+    assert_eq!(b.flush().result, Ok(()));
+    let before = b.engine().cache.stats().hits.load(Relaxed);
+    for t in 0..tracks {
+        assert_eq!(b.read(t), ok_with(t as u8 ^ 0x5a));
+    }
+    assert_eq!(
+        b.engine().cache.stats().hits.load(Relaxed) - before,
+        tracks,
+        "every track of the volume still has its frame"
+    );
+}
+
+#[test]
 fn a_panicking_stage_is_redriven_and_the_write_is_kept() {
     let _serial = SERIAL.lock();
     let mut b = Bench::open(OutputCommit::Off);
