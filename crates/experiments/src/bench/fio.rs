@@ -18,6 +18,9 @@ pub(super) struct Fio {
     /// The server's CPU time (all threads, user and system) per completed
     /// I/O over the job, µs, where the caller measured it; 0 otherwise.
     pub server_cpu_us: f64,
+    /// `server_cpu_us` by thread role (`threadcpu::ROLES`), where the
+    /// caller measured it; zeroes otherwise.
+    pub server_roles_us: [f64; 4],
     /// fio's own CPU time (its job processes, user and system) per
     /// completed I/O, µs: on a host whose cores fio shares with the
     /// server, a server that makes its client work harder per I/O (replies

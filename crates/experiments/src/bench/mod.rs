@@ -20,6 +20,7 @@ mod outputcommit;
 mod rcs;
 mod recobox;
 mod smartstore;
+mod threadcpu;
 
 /// Arguments shared by every experiment.
 #[derive(Debug, Args)]

@@ -33,6 +33,7 @@ use clap::Args;
 use super::CommonArgs;
 use super::experiment_server;
 use super::fio::{Fio, fio};
+use super::threadcpu;
 use crate::report::{Table, line_chart_png, thousands};
 
 /// Options of `rebound bench output-commit`.
@@ -208,14 +209,16 @@ fn measure<'a>(
                 };
                 let server = experiment_server(dir.path(), port)?.args(flags).start()?;
                 let pid = server.pid();
-                let before = cpu_ticks(pid)?;
+                let before = threadcpu::ticks(pid)?;
                 let mut mixed = fio(port, "cache-standard", runtime, depth)?;
-                let between = cpu_ticks(pid)?;
+                let between = threadcpu::ticks(pid)?;
                 let mut write = fio(port, "write", runtime, depth)?;
-                let after = cpu_ticks(pid)?;
+                let after = threadcpu::ticks(pid)?;
                 server.stop()?;
-                mixed.server_cpu_us = per_io(between - before, mixed.ios);
-                write.server_cpu_us = per_io(after - between, write.ios);
+                (mixed.server_cpu_us, mixed.server_roles_us) =
+                    threadcpu::split_per_io(&before, &between, mixed.ios);
+                (write.server_cpu_us, write.server_roles_us) =
+                    threadcpu::split_per_io(&between, &after, write.ios);
                 runs.push((scheme, t, [mixed, write]));
                 bar.inc(1);
             }
@@ -223,33 +226,6 @@ fn measure<'a>(
     }
     bar.finish_and_clear();
     Ok(medians(&runs))
-}
-
-/// The CPU time process `pid` has used so far, all threads, user and
-/// system, in clock ticks (`/proc/PID/stat`, fields 14 and 15).
-fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
-    let path = format!("/proc/{pid}/stat");
-    let stat = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
-    // The command name (field 2) may hold spaces: count after its ')'.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    let field = |n: usize| -> anyhow::Result<u64> {
-        fields
-            .get(n - 3)
-            .and_then(|f| f.parse().ok())
-            .with_context(|| format!("{path}: no field {n} in {stat:?}"))
-    };
-    Ok(field(14)? + field(15)?)
-}
-
-/// Microseconds of CPU per I/O for `ticks` clock ticks over `ios` I/Os.
-fn per_io(ticks: u64, ios: u64) -> f64 {
-    // SAFETY: sysconf reads a constant of the system and touches no
-    // memory of ours.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1);
-    ticks as f64 * 1e6 / hz as f64 / ios.max(1) as f64
 }
 
 /// One cell per (row, T): the median of its rounds, each figure on its own.
@@ -270,6 +246,9 @@ fn medians<'a>(runs: &[Cell<'a>]) -> Vec<Cell<'a>> {
             p99_us: median(mine.iter().map(|r| r[j].p99_us)),
             ios: 0,
             server_cpu_us: median(mine.iter().map(|r| r[j].server_cpu_us)),
+            server_roles_us: std::array::from_fn(|role| {
+                median(mine.iter().map(|r| r[j].server_roles_us[role]))
+            }),
             client_cpu_us: median(mine.iter().map(|r| r[j].client_cpu_us)),
         };
         cells.push((scheme, t, [job(0), job(1)]));
@@ -364,9 +343,42 @@ fn report(load: Load, cells: &[Cell<'_>], runtime: u32, rounds: u32) {
     println!("{}", table.render());
     verdicts(&cells);
     println!(
+        "the server's CPU per I/O by thread role, µs (from /proc; in parentheses the difference from off's at the same T):\n{}",
+        roles_table(&cells).render()
+    );
+    println!(
         "  (a closed-loop client is bounded by requests in flight / (T/2 .. T + service time) once replies wait for commits: {} IOPS at T = 20 ms)\n",
         thousands(f64::from(load.jobs * load.iodepth) / 0.020)
     );
+}
+
+/// Where each cell's server CPU per I/O goes, by thread role
+/// ([`threadcpu`]), for both jobs: which threads a scheme makes work
+/// harder than off's.
+fn roles_table(cells: &[Cell<'_>]) -> Table {
+    let mut headers = vec!["scheme".to_owned(), "T ms".to_owned()];
+    for job in ["mixed", "write"] {
+        headers.push(format!("{job} µs/IO"));
+        headers.extend(threadcpu::ROLES.iter().map(|r| format!("{job}: {r}")));
+    }
+    let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
+    let mut table = Table::new(&headers);
+    for (scheme, t, jobs) in cells {
+        let off = off_at(cells, *t);
+        let mut row = vec![(*scheme).to_owned(), t.to_string()];
+        for (j, job) in jobs.iter().enumerate() {
+            row.push(format!("{:.1}", job.server_cpu_us));
+            for (role, us) in job.server_roles_us.iter().enumerate() {
+                row.push(if *scheme == "off" {
+                    format!("{us:.2}")
+                } else {
+                    format!("{us:.2} ({:+.2})", us - off[j].server_roles_us[role])
+                });
+            }
+        }
+        table.row(row);
+    }
+    table
 }
 
 /// Each held scheme's verdict at T = 20 ms against off, with the server's
