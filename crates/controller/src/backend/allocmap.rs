@@ -15,9 +15,9 @@
 //! - a set bit whose write never reached the device (a crash, a rollback)
 //!   reports zeroes as data, which costs a copy its sparseness, nothing
 //!   else;
-//! - the map is synced (`msync`) with every device sync
-//!   ([`crate::backend::volume::Volume::sync_since`]), so a write made
-//!   durable by FLUSH or FUA has its bit durable too; a process crash
+//! - the map is synced (`msync`) with every device sync that follows a
+//!   change of a bit ([`crate::backend::volume::Volume::sync_since`]), so
+//!   a write made durable by FLUSH or FUA has its bit durable too; a process crash
 //!   keeps every store (the mapping is shared, the page cache outlives
 //!   the process);
 //! - a missing or damaged map of an existing volume is rebuilt with every
@@ -39,7 +39,7 @@
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use memmap2::MmapMut;
 
@@ -55,6 +55,13 @@ pub struct AllocMap {
     map: MmapMut,
     tracks: u64,
     path: PathBuf,
+    /// A bit changed since the last [`AllocMap::sync`] took this flag:
+    /// a sync with nothing changed skips the `msync` (and the device
+    /// flush it costs), which on a volume written once over is every
+    /// sync.
+    changed: AtomicBool,
+    /// `msync`s done (tests).
+    flushes: AtomicU64,
 }
 
 impl std::fmt::Debug for AllocMap {
@@ -138,7 +145,14 @@ impl AllocMap {
                 format!("{} changed size while opening", path.display()),
             ));
         }
-        Ok(Self { map, tracks, path })
+        Ok(Self {
+            map,
+            tracks,
+            path,
+            // The first sync flushes whatever opening wrote.
+            changed: AtomicBool::new(true),
+            flushes: AtomicU64::new(0),
+        })
     }
 
     fn words(&self) -> &[AtomicU64] {
@@ -160,6 +174,8 @@ impl AllocMap {
         // Most writes find the bit set already: no store, no dirty page.
         if w.load(Ordering::Acquire) & bit == 0 {
             w.fetch_or(bit, Ordering::AcqRel);
+            // After the bit: a sync that takes the flag flushes the bit.
+            self.changed.store(true, Ordering::Release);
         }
     }
 
@@ -178,6 +194,7 @@ impl AllocMap {
             };
             if words[w].load(Ordering::Acquire) & mask != 0 {
                 words[w].fetch_and(!mask, Ordering::AcqRel);
+                self.changed.store(true, Ordering::Release);
             }
             t += hi - lo;
         }
@@ -192,7 +209,17 @@ impl AllocMap {
 
     /// Make the map durable (with a device sync).
     pub fn sync(&self) -> io::Result<()> {
+        // A bit changed before this sync was asked for set the flag
+        // before it (`set`, `clear`): taking it here, the `msync` below
+        // covers that bit. One changed after the swap sets it again for
+        // the next sync.
+        if !self.changed.swap(false, Ordering::AcqRel) {
+            return Ok(());
+        }
+        self.flushes.fetch_add(1, Ordering::Relaxed);
         self.map.flush().map_err(|e| {
+            // Not flushed: the next sync tries again.
+            self.changed.store(true, Ordering::Release);
             io::Error::new(
                 e.kind(),
                 format!(
@@ -202,11 +229,43 @@ impl AllocMap {
             )
         })
     }
+
+    /// `msync`s done so far.
+    #[cfg(test)]
+    fn flushes(&self) -> u64 {
+        self.flushes.load(Ordering::Relaxed)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sync_flushes_the_map_only_when_a_bit_changed_since_the_last() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = AllocMap::open(dir.path(), 7, 1000, true).unwrap();
+        m.sync().unwrap();
+        assert_eq!(m.flushes(), 1, "the first sync flushes what opening wrote");
+        m.sync().unwrap();
+        assert_eq!(m.flushes(), 1, "nothing changed");
+        m.set(5);
+        m.sync().unwrap();
+        assert_eq!(m.flushes(), 2, "a bit set");
+        m.set(5);
+        m.sync().unwrap();
+        assert_eq!(m.flushes(), 2, "setting a set bit changes nothing");
+        m.clear(100, 200);
+        m.sync().unwrap();
+        assert_eq!(m.flushes(), 2, "clearing clear bits changes nothing");
+        m.clear(0, 64);
+        m.sync().unwrap();
+        assert_eq!(m.flushes(), 3, "a bit cleared");
+        assert!(!m.may_hold_data(5));
+        drop(m);
+        let m = AllocMap::open(dir.path(), 7, 1000, false).unwrap();
+        assert!((0..1000).all(|t| !m.may_hold_data(t)), "the flushed map");
+    }
 
     #[test]
     fn bits_set_and_cleared_survive_reopening() {
