@@ -58,10 +58,33 @@ impl SyncGate {
     /// before the write it must cover), failed: such a sync may have
     /// consumed the write's error.
     pub fn sync(&self, ticket: u64, sync: impl FnOnce() -> io::Result<()>) -> io::Result<()> {
+        self.sync_from(None, ticket, sync)
+    }
+
+    /// A mark for [`SyncGate::sync_after`]: the number the next sync to
+    /// start gets.
+    pub fn mark(&self) -> u64 {
+        self.state.lock().next
+    }
+
+    /// Wait for a sync that started after `mark` was taken
+    /// ([`SyncGate::mark`]), running one only if none has: a FLUSH whose
+    /// own destage writes were synced after it arrived needs no second
+    /// sync. An error if any sync since `mark` failed.
+    pub fn sync_after(&self, mark: u64, sync: impl FnOnce() -> io::Result<()>) -> io::Result<()> {
+        self.sync_from(Some(mark), mark, sync)
+    }
+
+    fn sync_from(
+        &self,
+        mark: Option<u64>,
+        ticket: u64,
+        sync: impl FnOnce() -> io::Result<()>,
+    ) -> io::Result<()> {
         crate::blocking::about_to_block();
         let mut sync = Some(sync);
         let mut st = self.state.lock();
-        let mine = st.next;
+        let mine = mark.map_or(st.next, |m| m.min(st.next));
         loop {
             if st.completed > mine {
                 return Self::answer(&st, ticket.min(mine), mine);
@@ -115,6 +138,41 @@ mod tests {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::time::Duration;
+
+    #[test]
+    fn a_sync_after_a_mark_is_covered_by_any_sync_that_started_after_it() {
+        let gate = SyncGate::default();
+        let runs = AtomicU32::new(0);
+        let run = || {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        };
+        let mark = gate.mark();
+        gate.sync(gate.ticket(), run).unwrap();
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        gate.sync_after(mark, run).unwrap();
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            1,
+            "the sync after the mark covers it: no second sync"
+        );
+        let mark = gate.mark();
+        gate.sync_after(mark, run).unwrap();
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            2,
+            "no sync started after this mark: one runs"
+        );
+        let mark = gate.mark();
+        gate.sync(gate.ticket(), || Err(io::Error::other("writeback lost")))
+            .unwrap_err();
+        let err = gate.sync_after(mark, run).unwrap_err();
+        assert!(
+            err.to_string().contains("writeback lost"),
+            "a failed sync since the mark is the answer: {err}"
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 2);
+    }
 
     #[test]
     fn callers_arriving_during_a_sync_share_the_next_one() {

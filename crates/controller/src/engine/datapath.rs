@@ -773,6 +773,13 @@ fn durable(
     let deadline = *req
         .durable_deadline
         .get_or_insert_with(|| Instant::now() + FORCE_WAIT);
+    // Every device write done before this request began (background
+    // destages settled, zeroings) is covered by a sync that starts after
+    // this mark: the settle below of this round's own writes is one, so
+    // the final sync is often done already.
+    let mark = *req
+        .durable_mark
+        .get_or_insert_with(|| ctl.volume.sync_mark());
     // Not tried this round: first in the next one.
     let mut left = if tracks.len() > DURABLE_ROUND_TRACKS {
         tracks.split_off(DURABLE_ROUND_TRACKS)
@@ -806,7 +813,7 @@ fn durable(
         return;
     }
     if left.is_empty() {
-        finish_io(req, ctl.sync_durable());
+        finish_io(req, ctl.sync_durable_after(mark));
         return;
     }
     // A track it waits for may be written and waiting for the syncer.

@@ -83,6 +83,10 @@ pub(crate) struct Request {
     pub(super) durable_left: Option<Vec<u64>>,
     pub(super) durable_waits: u32,
     pub(super) durable_deadline: Option<Instant>,
+    /// FUA and FLUSH: the device sync mark taken when the first round
+    /// began; a sync that started after it covers what the request must
+    /// make durable besides its own destage writes.
+    pub(super) durable_mark: Option<u64>,
     /// TRIM and WRITE_ZEROES: the destage fence this request set on its
     /// range and the sequence number its zeroing supersedes below. Lifted
     /// by the request's clean-up block if the request ends without
@@ -164,6 +168,7 @@ impl Request {
             durable_left: None,
             durable_waits: 0,
             durable_deadline: None,
+            durable_mark: None,
             zero_fence: None,
             zero_held_recorded: false,
             rolled_back: false,
@@ -267,6 +272,7 @@ impl Request {
             durable_left: None,
             durable_waits: 0,
             durable_deadline: None,
+            durable_mark: None,
             zero_fence: None,
             zero_held_recorded: false,
             rolled_back: false,

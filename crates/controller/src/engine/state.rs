@@ -259,6 +259,16 @@ impl Engine {
 
     /// Make what is destaged durable where `--flush` says: `fdatasync`
     /// the devices, or `msync` the NVS (the end of every FLUSH).
+    /// [`Engine::sync_durable`] covered by a device sync that started
+    /// after `mark` ([`crate::backend::volume::Volume::sync_mark`]), one
+    /// that already ended included.
+    pub(crate) fn sync_durable_after(&self, mark: u64) -> std::io::Result<()> {
+        match self.config.flush {
+            FlushPolicy::Devices => self.volume.sync_after(mark),
+            FlushPolicy::Nvs => self.nvs.sync().map_err(std::io::Error::other),
+        }
+    }
+
     pub(crate) fn sync_durable(&self) -> std::io::Result<()> {
         match self.config.flush {
             FlushPolicy::Devices => self.volume.sync(),

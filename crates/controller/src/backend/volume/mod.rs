@@ -829,21 +829,36 @@ impl Volume {
         self.inner.syncs.ticket()
     }
 
+    /// A mark for [`Volume::sync_after`].
+    pub fn sync_mark(&self) -> u64 {
+        self.inner.syncs.mark()
+    }
+
+    /// [`Volume::sync`] covered by any sync that started after `mark` was
+    /// taken, one that already ended included: what was on the devices
+    /// at the mark is durable once this returns `Ok`.
+    pub fn sync_after(&self, mark: u64) -> std::io::Result<()> {
+        self.inner.syncs.sync_after(mark, || self.sync_devices())
+    }
+
     /// [`Volume::sync`] covering writes made since `ticket` was taken: an
     /// error if any device sync since then failed.
     pub fn sync_since(&self, ticket: u64) -> std::io::Result<()> {
-        self.inner.syncs.sync(ticket, || {
-            // The allocation map first: a write made durable by this sync
-            // has its bit durable too.
-            self.inner.alloc.sync()?;
-            self.inner.retry(|i| {
-                for (d, m) in i.members.iter().enumerate() {
-                    if m.state.load(Ordering::Acquire) != LOST {
-                        i.on(d, DeviceOp::Sync, |dev| dev.sync())?;
-                    }
+        self.inner.syncs.sync(ticket, || self.sync_devices())
+    }
+
+    /// One sync of the allocation map and every device not lost.
+    fn sync_devices(&self) -> std::io::Result<()> {
+        // The allocation map first: a write made durable by this sync
+        // has its bit durable too.
+        self.inner.alloc.sync()?;
+        self.inner.retry(|i| {
+            for (d, m) in i.members.iter().enumerate() {
+                if m.state.load(Ordering::Acquire) != LOST {
+                    i.on(d, DeviceOp::Sync, |dev| dev.sync())?;
                 }
-                Ok(())
-            })
+            }
+            Ok(())
         })
     }
 }
