@@ -37,6 +37,11 @@ struct State {
     completed: u64,
     /// Recent failed syncs: number, error kind, message.
     failed: VecDeque<(u64, io::ErrorKind, String)>,
+    /// The newest failed sync dropped from `failed` (more than
+    /// [`FAILURES_KEPT`] failed since): a caller looking back to it or
+    /// before cannot tell whether its syncs failed, and is answered an
+    /// error.
+    forgotten: Option<u64>,
 }
 
 /// Serialises syncs and shares each among the callers it covers.
@@ -106,7 +111,7 @@ impl SyncGate {
                 if let Err(e) = result {
                     st.failed.push_back((number, e.kind(), e.to_string()));
                     if st.failed.len() > FAILURES_KEPT {
-                        st.failed.pop_front();
+                        st.forgotten = st.failed.pop_front().map(|(n, ..)| n);
                     }
                 }
                 self.done.notify_all();
@@ -117,6 +122,13 @@ impl SyncGate {
     }
 
     fn answer(st: &State, from: u64, to: u64) -> io::Result<()> {
+        if let Some(n) = st.forgotten
+            && n >= from
+        {
+            return Err(io::Error::other(format!(
+                "device syncs failed since sync {from} (sync {n} and more than {FAILURES_KEPT} after it)"
+            )));
+        }
         match st
             .failed
             .iter()
@@ -172,6 +184,24 @@ mod tests {
             "a failed sync since the mark is the answer: {err}"
         );
         assert_eq!(runs.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn a_failure_forgotten_behind_many_later_ones_still_answers_an_error() {
+        let gate = SyncGate::default();
+        let mark = gate.mark();
+        for _ in 0..=FAILURES_KEPT {
+            gate.sync(gate.ticket(), || Err(io::Error::other("writeback lost")))
+                .unwrap_err();
+        }
+        let err = gate.sync_after(mark, || Ok(())).unwrap_err();
+        assert!(
+            err.to_string().contains("more than"),
+            "the mark's own failed sync was dropped from the list: {err}"
+        );
+        let mark = gate.mark();
+        gate.sync_after(mark, || Ok(()))
+            .expect("a mark after every failure");
     }
 
     #[test]

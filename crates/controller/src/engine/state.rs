@@ -257,11 +257,9 @@ impl Engine {
         self.sync_durable()
     }
 
-    /// Make what is destaged durable where `--flush` says: `fdatasync`
-    /// the devices, or `msync` the NVS (the end of every FLUSH).
     /// [`Engine::sync_durable`] covered by a device sync that started
     /// after `mark` ([`crate::backend::volume::Volume::sync_mark`]), one
-    /// that already ended included.
+    /// that already ended included (the end of every FLUSH and FUA).
     pub(crate) fn sync_durable_after(&self, mark: u64) -> std::io::Result<()> {
         match self.config.flush {
             FlushPolicy::Devices => self.volume.sync_after(mark),
@@ -269,6 +267,8 @@ impl Engine {
         }
     }
 
+    /// Make what is destaged durable where `--flush` says: `fdatasync`
+    /// the devices, or `msync` the NVS.
     pub(crate) fn sync_durable(&self) -> std::io::Result<()> {
         match self.config.flush {
             FlushPolicy::Devices => self.volume.sync(),
