@@ -55,7 +55,7 @@ pub struct ServeArgs {
     /// NVS size [default: 256M].
     #[arg(long, value_name = "SIZE", value_parser = size)]
     nvs_size: Option<u64>,
-    /// Read cache size [default: 256M].
+    /// Read cache size; at most the volume's size is used [default: 256M].
     #[arg(long, value_name = "SIZE", value_parser = size)]
     cache_size: Option<u64>,
     /// Map the cache's memory in at start-up, in the background at low
