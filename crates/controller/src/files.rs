@@ -39,6 +39,9 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsE
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
+#[cfg(test)]
+pub(crate) mod pagecache;
+
 /// The mode of every state file the server creates.
 pub const FILE_MODE: u32 = 0o600;
 

@@ -20,6 +20,12 @@
 //!   a write made durable by FLUSH or FUA has its bit durable too; a process crash
 //!   keeps every store (the mapping is shared, the page cache outlives
 //!   the process);
+//! - a failed `msync` is answered as a failed sync (the destage keeps its
+//!   NVS records and writes them again), and every page of the map is
+//!   written again before the next: Linux may mark the pages clean after a
+//!   failed writeback and report the error once, so a retried `msync`
+//!   would succeed without writing bits that are set in memory and will
+//!   never be set again (the track's next write finds its bit set);
 //! - a missing or damaged map of an existing volume is rebuilt with every
 //!   bit set (a new volume's starts clear): a warning says so.
 //!
@@ -62,6 +68,9 @@ pub struct AllocMap {
     changed: AtomicBool,
     /// `msync`s done (tests).
     flushes: AtomicU64,
+    /// The next `msync` fails (tests: a failing disk cannot be had).
+    #[cfg(test)]
+    fail_next_flush: AtomicBool,
 }
 
 impl std::fmt::Debug for AllocMap {
@@ -152,6 +161,8 @@ impl AllocMap {
             // The first sync flushes whatever opening wrote.
             changed: AtomicBool::new(true),
             flushes: AtomicU64::new(0),
+            #[cfg(test)]
+            fail_next_flush: AtomicBool::new(false),
         })
     }
 
@@ -217,8 +228,10 @@ impl AllocMap {
             return Ok(());
         }
         self.flushes.fetch_add(1, Ordering::Relaxed);
-        self.map.flush().map_err(|e| {
-            // Not flushed: the next sync tries again.
+        self.flush().map_err(|e| {
+            // The kernel may have marked the pages clean: dirty them
+            // again, then the next sync tries again.
+            self.redirty();
             self.changed.store(true, Ordering::Release);
             io::Error::new(
                 e.kind(),
@@ -228,6 +241,31 @@ impl AllocMap {
                 ),
             )
         })
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        #[cfg(test)]
+        if self.fail_next_flush.swap(false, Ordering::AcqRel) {
+            return Err(io::Error::from_raw_os_error(5));
+        }
+        self.map.flush()
+    }
+
+    /// Store every word of the map again, so that every page of it is
+    /// dirty and the next `msync` writes it whatever a failed writeback
+    /// left of the pages' dirty state. A store to a page the kernel
+    /// cleaned faults and dirties the page; a compare-exchange of a word
+    /// with itself is such a store (`fetch_or(0)` may be compiled to a
+    /// load) and loses no bit set concurrently (it fails and retries).
+    /// The header shares the first page with the bits.
+    fn redirty(&self) {
+        for w in self.words() {
+            let mut v = w.load(Ordering::Relaxed);
+            while let Err(now) = w.compare_exchange_weak(v, v, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                v = now;
+            }
+        }
     }
 
     /// `msync`s done so far.
@@ -265,6 +303,45 @@ mod tests {
         drop(m);
         let m = AllocMap::open(dir.path(), 7, 1000, false).unwrap();
         assert!((0..1000).all(|t| !m.may_hold_data(t)), "the flushed map");
+    }
+
+    #[test]
+    fn a_failed_sync_dirties_every_page_of_the_map_again_for_the_next() {
+        use crate::files::pagecache::{disk_tempdir, pages_dirty};
+        let dir = disk_tempdir();
+        // Four pages of bits, and the header's.
+        let tracks = 4 * 4096 * 8;
+        let m = AllocMap::open(dir.path(), 7, tracks, true).unwrap();
+        for t in (0..tracks).step_by(10_000) {
+            m.set(t);
+        }
+        m.sync().unwrap();
+        let pages = pages_dirty(&m.map);
+        assert_eq!(pages.len(), 5);
+        assert!(
+            pages.iter().all(|d| !d),
+            "after a successful msync no page of the map is dirty: {pages:?}"
+        );
+        // The kernel may have cleaned the pages in a failed writeback:
+        // the next msync must still write them.
+        m.changed.store(true, Ordering::Release);
+        m.fail_next_flush.store(true, Ordering::Release);
+        let e = m.sync().unwrap_err();
+        assert!(
+            e.to_string().contains("cannot sync the allocation map"),
+            "{e}"
+        );
+        assert_eq!(
+            pages_dirty(&m.map),
+            vec![true; 5],
+            "every page dirty again after the failed msync"
+        );
+        m.sync().unwrap();
+        assert!(pages_dirty(&m.map).iter().all(|d| !d), "written");
+        drop(m);
+        let m = AllocMap::open(dir.path(), 7, tracks, false).unwrap();
+        let held: Vec<u64> = (0..tracks).filter(|&t| m.may_hold_data(t)).collect();
+        assert_eq!(held, (0..tracks).step_by(10_000).collect::<Vec<_>>());
     }
 
     #[test]

@@ -225,6 +225,9 @@ pub struct Nvs {
     /// Slots at or above this have never held a record (persisted in the
     /// superblock before it is crossed). Changed under the free-list lock.
     high_water: AtomicU32,
+    /// The next [`Nvs::sync`] fails (tests: a failing disk cannot be had).
+    #[cfg(test)]
+    fail_next_sync: AtomicBool,
 }
 
 impl std::fmt::Debug for Nvs {
@@ -356,6 +359,8 @@ impl Nvs {
             } else {
                 Self::read_high_water(&file_for_hwm, slot_count)
             }),
+            #[cfg(test)]
+            fail_next_sync: AtomicBool::new(false),
         };
         if fresh {
             // A new file holds no records: every slot is free.
@@ -824,15 +829,55 @@ impl Nvs {
     /// (written with `pwrite`, outside the mappings): every record and the
     /// high-water mark above them are then durable (for a file on
     /// persistent storage).
+    ///
+    /// A failed sync dirties every page below the high-water mark again
+    /// before it answers: Linux may mark pages clean after a failed
+    /// writeback and report the error once, so the next sync would
+    /// succeed without writing records written before this one (a FLUSH
+    /// answered `Ok` for writes an earlier FLUSH answered `EIO` for).
     pub fn sync(&self) -> Result<(), NvsError> {
-        let io = |source| NvsError::Io {
-            path: self.path.clone(),
-            source,
-        };
-        for segment in self.segments.iter() {
-            segment.lock().flush().map_err(io)?;
+        self.sync_once().map_err(|source| {
+            self.redirty();
+            NvsError::Io {
+                path: self.path.clone(),
+                source,
+            }
+        })
+    }
+
+    fn sync_once(&self) -> io::Result<()> {
+        #[cfg(test)]
+        if self.fail_next_sync.swap(false, Ordering::AcqRel) {
+            return Err(io::Error::from_raw_os_error(5));
         }
-        self._file.sync_data().map_err(io)
+        for segment in self.segments.iter() {
+            segment.lock().flush()?;
+        }
+        self._file.sync_data()
+    }
+
+    /// Store one byte of every page of every segment below the high-water
+    /// mark again (under the segment's lock, so no record changes under
+    /// it), so that the next `msync` writes every page whatever a failed
+    /// writeback left of their dirty state. The superblock needs none: its
+    /// mark is written and synced before it is used, and written again
+    /// (with `pwrite`, which dirties the page) at the next raise.
+    fn redirty(&self) {
+        const PAGE: usize = 4096;
+        let segments = self.high_water().div_ceil(SEGMENT_SLOTS) as usize;
+        for segment in &self.segments[..segments] {
+            let mut map = segment.lock();
+            for at in (0..map.len()).step_by(PAGE) {
+                let byte: *mut u8 = &mut map[at];
+                // SAFETY: `byte` comes from a live `&mut` into the
+                // mapping (held under the segment's lock, so nothing else
+                // reads or writes it meanwhile); volatile, so that the
+                // store of the value just read is not elided: the store
+                // itself is the point (it faults on a cleaned page and
+                // dirties it).
+                unsafe { byte.write_volatile(byte.read_volatile()) };
+            }
+        }
     }
 
     /// Refuse further reservations and wake every waiter.
@@ -1019,6 +1064,40 @@ mod tests {
         let (nvs, report) = open(dir.path());
         assert_eq!(nvs.high_water(), SEGMENT_SLOTS, "a fresh open reads it");
         assert_eq!(report.records.len(), 1);
+    }
+
+    #[test]
+    fn a_failed_sync_dirties_every_page_below_the_high_water_mark_again_for_the_next() {
+        use crate::files::pagecache::{disk_tempdir, pages_dirty};
+        let dir = disk_tempdir();
+        let (nvs, _) = open(dir.path());
+        let slots = nvs.reserve(2, Duration::from_secs(1)).unwrap();
+        nvs.write_record(slots[0], 5, 1, &[3; TRACK_BYTES]);
+        nvs.write_record(slots[1], 6, 2, &[4; TRACK_BYTES]);
+        nvs.sync().unwrap();
+        let (seg, at) = Nvs::locate(slots[0].min(slots[1]));
+        assert_eq!((seg, at), (0, 0), "the lowest slots first");
+        let dirty = |bytes: std::ops::Range<usize>| pages_dirty(&nvs.segments[0].lock()[bytes]);
+        assert!(
+            dirty(0..2 * SLOT_BYTES).iter().all(|d| !d),
+            "after a successful sync no page of the records is dirty"
+        );
+        // The kernel may have cleaned the pages in a failed writeback:
+        // the next sync must still write them.
+        nvs.fail_next_sync.store(true, Ordering::Release);
+        let e = nvs.sync().unwrap_err();
+        assert!(matches!(e, NvsError::Io { .. }), "{e}");
+        let segment = 0..SEGMENT_SLOTS as usize * SLOT_BYTES;
+        let clean = dirty(segment.clone()).iter().filter(|&&d| !d).count();
+        assert_eq!(
+            clean, 0,
+            "every page of the segment below the mark dirty again"
+        );
+        nvs.sync().unwrap();
+        assert!(dirty(segment).iter().all(|d| !d), "written");
+        drop(nvs);
+        let (_, report) = open(dir.path());
+        assert_eq!(report.records.len(), 2);
     }
 
     #[test]
