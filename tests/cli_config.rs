@@ -246,6 +246,8 @@ fn bench_output_commit_refuses_bad_flags_before_running() {
             (vec!["--intervals", "20,x"], "invalid value"),
             (vec!["--rounds", "0"], "--rounds must be within"),
             (vec!["--rollbacks", "1001"], "--rollbacks must be within"),
+            (vec!["--warmup", "3601"], "--warmup must be within"),
+            (vec!["--warmup", "-1"], "unexpected argument"),
         ],
     );
 }

@@ -69,6 +69,12 @@ pub struct OutputCommitArgs {
     /// interleaved, and the table gives each cell's median [default: 1].
     #[arg(long, default_value_t = 1)]
     rounds: u32,
+    /// Seconds of the same fio job run, unmeasured, before each measured
+    /// job: the volume written, the cache full and destage in its steady
+    /// state. 0 (the default) measures a fresh server on a fresh volume,
+    /// whose never-written tracks are read without a device read.
+    #[arg(long, default_value_t = 0)]
+    warmup: u32,
 }
 
 /// The rows: off, each scheme with commits when idle (the default), and
@@ -177,6 +183,8 @@ struct Plan<'a> {
     schemes: Vec<&'a str>,
     intervals: Vec<u64>,
     rounds: u32,
+    /// Seconds of unmeasured fio before each measured job.
+    warmup: u32,
 }
 
 fn measure<'a>(
@@ -209,16 +217,31 @@ fn measure<'a>(
                 };
                 let server = experiment_server(dir.path(), port)?.args(flags).start()?;
                 let pid = server.pid();
+                let warm = |job| -> anyhow::Result<()> {
+                    if plan.warmup > 0 {
+                        fio(port, job, plan.warmup, depth)?;
+                    }
+                    Ok(())
+                };
+                // Each job's CPU is taken over its own run, warm-ups
+                // outside.
+                warm("cache-standard")?;
                 let before = threadcpu::ticks(pid)?;
                 let mut mixed = fio(port, "cache-standard", runtime, depth)?;
-                let between = threadcpu::ticks(pid)?;
+                let mixed_end = threadcpu::ticks(pid)?;
+                warm("write")?;
+                let write_start = if plan.warmup > 0 {
+                    threadcpu::ticks(pid)?
+                } else {
+                    mixed_end
+                };
                 let mut write = fio(port, "write", runtime, depth)?;
                 let after = threadcpu::ticks(pid)?;
                 server.stop()?;
                 (mixed.server_cpu_us, mixed.server_roles_us) =
-                    threadcpu::split_per_io(&before, &between, mixed.ios);
+                    threadcpu::split_per_io(&before, &mixed_end, mixed.ios);
                 (write.server_cpu_us, write.server_roles_us) =
-                    threadcpu::split_per_io(&between, &after, write.ios);
+                    threadcpu::split_per_io(&write_start, &after, write.ios);
                 runs.push((scheme, t, [mixed, write]));
                 bar.inc(1);
             }
@@ -276,7 +299,7 @@ fn off_at(cells: &[Cell<'_>], t: u64) -> [Fio; 2] {
         .expect("off runs at every T")
 }
 
-fn report(load: Load, cells: &[Cell<'_>], runtime: u32, rounds: u32) {
+fn report(load: Load, cells: &[Cell<'_>], runtime: u32, plan: &Plan<'_>) {
     let mut cells = cells.to_vec();
     // Rows by scheme, then T.
     cells.sort_by_key(|(s, t, _)| (SCHEMES.iter().position(|x| x == s), *t));
@@ -334,11 +357,16 @@ fn report(load: Load, cells: &[Cell<'_>], runtime: u32, rounds: u32) {
             format!("{:.1}, {:.1}", m.client_cpu_us, w.client_cpu_us),
         ]);
     }
+    let warmup = match plan.warmup {
+        0 => "from a fresh server and volume".to_string(),
+        w => format!("each after {w} s of the same job unmeasured"),
+    };
     println!(
-        "load {}: fio over NBD, {} connection(s) x {} requests in flight, {runtime} s per job, median of {rounds} interleaved round(s)",
+        "load {}: fio over NBD, {} connection(s) x {} requests in flight, {runtime} s per job ({warmup}), median of {} interleaved round(s)",
         load.name(),
         load.jobs,
-        load.iodepth
+        load.iodepth,
+        plan.rounds
     );
     println!("{}", table.render());
     verdicts(&cells);
@@ -489,10 +517,15 @@ fn plan(args: &OutputCommitArgs, quick: bool) -> anyhow::Result<Plan<'static>> {
             }
         }
     }
+    anyhow::ensure!(
+        args.warmup <= 3600,
+        "--warmup must be within 0..=3600 seconds"
+    );
     Ok(Plan {
         schemes,
         intervals,
         rounds: args.rounds,
+        warmup: args.warmup,
     })
 }
 
@@ -543,7 +576,7 @@ pub fn run(args: OutputCommitArgs) -> anyhow::Result<std::process::ExitCode> {
     let port = crate::harness::free_port()?;
     for &load in &loads {
         let cells = measure(load, &plan, runtime, work.path(), port)?;
-        report(load, &cells, runtime, plan.rounds);
+        report(load, &cells, runtime, &plan);
         if !quick && plan.intervals.len() > 1 {
             plots(&args.common.out, load, &cells)?;
         }
