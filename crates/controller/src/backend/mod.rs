@@ -27,9 +27,12 @@
 //! | [`renamemap`] | output commit's rename area and its durable map |
 //! | [`syncgate`] | group commit of device syncs, keeping `fdatasync`'s error semantics |
 //! | [`pseudodev`] | output commit's pseudo-device: the door to the volume (rung 3) |
+//! | [`bufferarea`] | `buffering`'s buffer area: a file of slots, the first mapped |
 
 #[allow(unsafe_code)]
 pub mod allocmap;
+#[allow(unsafe_code)]
+pub mod bufferarea;
 #[allow(unsafe_code)]
 pub mod device;
 pub mod devqueue;

@@ -23,8 +23,6 @@
 //! finds the record in the NVS and destages it again.
 
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -32,6 +30,7 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
+use crate::backend::bufferarea::{BufferArea, BufferFile};
 use crate::backend::renamemap::{RenameMap, Renamed};
 use crate::backend::volume::Volume;
 use crate::limits::TRACK_BYTES;
@@ -110,30 +109,6 @@ pub(crate) struct Held {
     data: Data,
 }
 
-/// The buffer area of `buffering`: a file of track-sized slots. Slots are
-/// handed out under the pseudo-device's lock; their data is written
-/// outside it (`PseudoDevice::buffer_file`), so destage writes to the
-/// area run in parallel and do not hold up reads or a commit.
-#[derive(Debug)]
-struct BufferArea {
-    path: PathBuf,
-    free: Vec<u32>,
-    slots: u32,
-}
-
-impl BufferArea {
-    fn alloc(&mut self) -> u32 {
-        self.free.pop().unwrap_or_else(|| {
-            self.slots += 1;
-            self.slots - 1
-        })
-    }
-
-    fn offset(slot: u32) -> u64 {
-        u64::from(slot) * TRACK_BYTES as u64
-    }
-}
-
 /// `logging`: a track and the data its write overwrote.
 type Logged = (u64, Box<[u8]>);
 
@@ -157,7 +132,7 @@ pub struct PseudoDevice {
     scheme: OutputCommit,
     state: Mutex<State>,
     /// `buffering`: the buffer area's file (its slots: `State::buffer`).
-    buffer_file: Option<File>,
+    buffer_file: Option<BufferFile>,
 }
 
 impl PseudoDevice {
@@ -177,10 +152,7 @@ impl PseudoDevice {
         }
         let mut buffer_file = None;
         if scheme == OutputCommit::Buffering {
-            let path = dir.join("output-commit.buffer");
-            // Emptied only once it passed the checks (never O_TRUNC).
-            let file = crate::files::open_state_file(&path, crate::files::Create::IfMissing)?;
-            file.set_len(0)?;
+            let (file, path) = BufferFile::create(dir)?;
             buffer_file = Some(file);
             state.buffer = Some(BufferArea {
                 path,
@@ -271,7 +243,7 @@ impl PseudoDevice {
                                 .expect("buffering has a buffer area")
                                 .alloc()
                         };
-                        if let Err(e) = file.write_all_at(&data, BufferArea::offset(slot)) {
+                        if let Err(e) = file.write(slot, &data) {
                             if let Some(b) = self.state.lock().buffer.as_mut() {
                                 b.free.push(slot);
                             }
@@ -678,6 +650,55 @@ mod tests {
             volume.read_track(t, &mut out).unwrap();
             let want = if t < TRACKS / 2 { 1 } else { 2 };
             assert!(out.iter().all(|&b| b == want), "track {t}");
+        }
+    }
+
+    #[test]
+    fn buffered_writes_reach_the_buffer_file_in_the_mapped_slots_and_past_them() {
+        use crate::backend::bufferarea::BUFFER_MAPPED_SLOTS;
+        let dir = tempfile::tempdir().unwrap();
+        let volume = Volume::open_or_create(
+            &dir.path().join("vol"),
+            TRACKS * TRACK_BYTES as u64,
+            1,
+            Raid::None,
+            false,
+        )
+        .unwrap();
+        let device = PseudoDevice::new(OutputCommit::Buffering, dir.path(), &volume).unwrap();
+        let path = dir.path().join("output-commit.buffer");
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            BufferArea::offset(BUFFER_MAPPED_SLOTS),
+            "the mapped slots' space is the file's from the start"
+        );
+        // The next slot handed out is the last mapped one, then one past
+        // the mapping (written with pwrite).
+        device.state.lock().buffer.as_mut().unwrap().slots = BUFFER_MAPPED_SLOTS - 1;
+        for t in 0..2u64 {
+            let d = Dirty {
+                slot: t as u32,
+                seq: 1,
+            };
+            device
+                .write(&volume, t, d, track_of(0x60 + t as u8), 1)
+                .unwrap();
+        }
+        let file = std::fs::read(&path).unwrap();
+        for (slot, byte) in [(BUFFER_MAPPED_SLOTS - 1, 0x60), (BUFFER_MAPPED_SLOTS, 0x61)] {
+            let at = BufferArea::offset(slot) as usize;
+            assert!(
+                file[at..at + TRACK_BYTES].iter().all(|&b| b == byte),
+                "slot {slot} holds its write"
+            );
+        }
+        let (taken, written) = device.commit(&volume, 1);
+        written.unwrap();
+        assert_eq!(taken.len(), 2);
+        let mut out = track_of(0);
+        for t in 0..2u64 {
+            volume.read_track(t, &mut out).unwrap();
+            assert!(out.iter().all(|&b| b == 0x60 + t as u8), "track {t}");
         }
     }
 }
