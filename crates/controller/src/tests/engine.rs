@@ -474,46 +474,6 @@ fn a_commit_that_releases_only_replies_does_not_hurry_the_destage_syncer() {
     );
 }
 
-/// A commit hands its held writes to the destage syncer, which syncs them
-/// at its interval unless [`HELD_UNSYNCED_MAX`] of them wait: a sync per
-/// commit wrote a hot zone's pages back hundreds of times a second. Well
-/// under the bound, the committed tracks stay dirty (their records kept)
-/// past a moment after the commit, then settle at the syncer's interval.
-///
-/// [`HELD_UNSYNCED_MAX`]: crate::engine::destage::HELD_UNSYNCED_MAX
-#[test]
-fn a_commit_with_few_held_writes_leaves_their_sync_to_the_syncers_interval() {
-    let _serial = SERIAL.lock();
-    let mut b = Bench::open_with(|c| {
-        c.output_commit = OutputCommitSetting(OutputCommit::Buffering);
-        c.checkpoint_interval = Duration::from_secs(10);
-    });
-    let engine = Arc::clone(b.engine());
-    // Wait for any sync the opening asked for, so the next one is ours.
-    std::thread::sleep(Duration::from_millis(700));
-    for t in 0..4 {
-        assert_eq!(b.write(t, 0x70 + t as u8).result, Ok(()));
-    }
-    crate::engine::destage::kick(&engine);
-    eventually("the four destage writes held by the pseudo-device", || {
-        engine.epochs.device.held() == 4
-    });
-    engine.epochs.commit(&engine);
-    assert_eq!(engine.epochs.device.held(), 0, "the commit wrote them");
-    std::thread::sleep(Duration::from_millis(100));
-    assert_eq!(
-        engine.dirty_tracks(),
-        4,
-        "four committed writes hurried the syncer into a sync of their own"
-    );
-    eventually("the syncer's interval settles them", || {
-        engine.dirty_tracks() == 0
-    });
-    for t in 0..4 {
-        assert_eq!(b.read(t), ok_with(0x70 + t as u8), "track {t}");
-    }
-}
-
 /// One step of a client's life, for the property below.
 #[derive(Debug, Clone)]
 enum Step {
