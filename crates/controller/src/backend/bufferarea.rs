@@ -49,8 +49,8 @@ impl BufferArea {
 
 /// Slots of the buffer area mapped into memory: a write to one of them is
 /// a copy into the page cache, as a `pwrite` would make, without the
-/// system call (about 2 µs of the destage's CPU each, the price of every
-/// held write under buffering). Slots past them, which only more held
+/// system call (measured: 0.5 to 0.6 µs less of the rcs workers' CPU per
+/// I/O under random writes). Slots past them, which only more held
 /// writes at once than this could need, are written with `pwrite`.
 /// The file's space for them (64 MiB) is allocated at start-up.
 pub(crate) const BUFFER_MAPPED_SLOTS: u32 = 16_384;

@@ -516,7 +516,9 @@ mod tests {
 
     /// Every track on the volume holds `old`, and buffering holds a write
     /// of `new` to each in epoch 1.
-    fn held_over_old(dir: &Path, old: u8, new: u8) -> (Volume, PseudoDevice) {
+    /// A volume of [`TRACKS`] tracks in `dir` and a buffering
+    /// pseudo-device over it.
+    fn buffering_over(dir: &Path) -> (Volume, PseudoDevice) {
         let volume = Volume::open_or_create(
             &dir.join("vol"),
             TRACKS * TRACK_BYTES as u64,
@@ -525,10 +527,15 @@ mod tests {
             false,
         )
         .unwrap();
+        let device = PseudoDevice::new(OutputCommit::Buffering, dir, &volume).unwrap();
+        (volume, device)
+    }
+
+    fn held_over_old(dir: &Path, old: u8, new: u8) -> (Volume, PseudoDevice) {
+        let (volume, device) = buffering_over(dir);
         for t in 0..TRACKS {
             volume.write_track(t, &track_of(old)).unwrap();
         }
-        let device = PseudoDevice::new(OutputCommit::Buffering, dir, &volume).unwrap();
         for t in 0..TRACKS {
             let d = Dirty {
                 slot: t as u32,
@@ -606,15 +613,7 @@ mod tests {
     #[test]
     fn a_commit_takes_off_only_the_epochs_it_commits_and_frees_their_buffer_slots() {
         let dir = tempfile::tempdir().unwrap();
-        let volume = Volume::open_or_create(
-            &dir.path().join("vol"),
-            TRACKS * TRACK_BYTES as u64,
-            1,
-            Raid::None,
-            false,
-        )
-        .unwrap();
-        let device = PseudoDevice::new(OutputCommit::Buffering, dir.path(), &volume).unwrap();
+        let (volume, device) = buffering_over(dir.path());
         // The first half of the tracks written in epoch 1, the rest in 2.
         for t in 0..TRACKS {
             let epoch = if t < TRACKS / 2 { 1 } else { 2 };
@@ -655,18 +654,10 @@ mod tests {
 
     #[test]
     fn buffered_writes_reach_the_buffer_file_in_the_mapped_slots_and_past_them() {
-        use crate::backend::bufferarea::BUFFER_MAPPED_SLOTS;
+        use crate::backend::bufferarea::{BUFFER_MAPPED_SLOTS, FILE_NAME};
         let dir = tempfile::tempdir().unwrap();
-        let volume = Volume::open_or_create(
-            &dir.path().join("vol"),
-            TRACKS * TRACK_BYTES as u64,
-            1,
-            Raid::None,
-            false,
-        )
-        .unwrap();
-        let device = PseudoDevice::new(OutputCommit::Buffering, dir.path(), &volume).unwrap();
-        let path = dir.path().join("output-commit.buffer");
+        let (volume, device) = buffering_over(dir.path());
+        let path = dir.path().join(FILE_NAME);
         assert_eq!(
             std::fs::metadata(&path).unwrap().len(),
             BufferArea::offset(BUFFER_MAPPED_SLOTS),
