@@ -25,7 +25,10 @@
 //! failed write or sync ends the destage unwritten: the track stays dirty,
 //! its record stays, and it is written again from the NVS at the next
 //! tick. There is no "EIO once, then success": FLUSH and FUA answer EIO
-//! for as long as a covered track is not durably on a device.
+//! for as long as a covered track is not durably on a device. A system
+//! recovery's quiesce (rung 3 or 4) does not wait for the syncer's sync
+//! either: the destages of the writes it holds end unwritten
+//! ([`revoke_unsynced`]) and their tracks destage again.
 //!
 //! A record that fails its checksum when read for destage is destaged from
 //! the cache frame holding the same data, if there is one (the frame is a
@@ -80,6 +83,14 @@ pub(crate) struct Unsynced {
     ticket: u64,
 }
 
+/// The batches the syncer is syncing ([`DestageQueue::syncing`]).
+#[derive(Debug)]
+struct Syncing {
+    /// Batches (each counted once in `inflight`).
+    batches: u32,
+    writes: Vec<Unsynced>,
+}
+
 /// One attempt of a forced destage ([`try_force`]).
 #[derive(Debug)]
 pub(crate) enum Forced {
@@ -129,6 +140,10 @@ pub struct DestageQueue {
     /// Background destage writes waiting for the syncer ([`start_syncer`]),
     /// one list per batch (each counted in `inflight` until settled).
     unsynced: Mutex<Vec<Vec<Unsynced>>>,
+    /// The batches the syncer took and is syncing now; `None` when it
+    /// holds none, or a quiesce revoked them ([`revoke_unsynced`]). Only
+    /// the syncer fills it, taking `unsynced`'s lock first.
+    syncing: Mutex<Option<Syncing>>,
     unsynced_arrived: parking_lot::Condvar,
     /// Someone waits for the syncer (a FLUSH, a full NVS): sync now.
     hurry: std::sync::atomic::AtomicBool,
@@ -390,8 +405,22 @@ pub(crate) fn settle(ctl: &Engine, written: Vec<Unsynced>) -> std::io::Result<()
     if written.is_empty() {
         return Ok(());
     }
-    let ticket = written.iter().map(|u| u.ticket).min().unwrap_or(0);
-    let synced = ctl.volume.sync_since(ticket);
+    let synced = ctl.volume.sync_since(oldest_ticket(&written));
+    finish(ctl, written, synced)
+}
+
+/// The ticket a sync covering every write of `written` must start after.
+fn oldest_ticket(written: &[Unsynced]) -> u64 {
+    written.iter().map(|u| u.ticket).min().unwrap_or(0)
+}
+
+/// End the destage writes `written` after the sync that covers them
+/// ended with `synced`.
+fn finish(
+    ctl: &Engine,
+    written: Vec<Unsynced>,
+    synced: std::io::Result<()>,
+) -> std::io::Result<()> {
     ctl.destage.note_outcome(synced.as_ref().err());
     if synced.is_err() {
         ctl.metrics
@@ -483,11 +512,12 @@ pub(crate) fn end_held(ctl: &Engine, track: u64, d: crate::store::cache::Dirty, 
 /// so a commit does not wait for a device sync itself. The syncer is
 /// hurried when there are writes: it syncs back to back while commits hand
 /// writes over, each sync shared by every batch that arrived meanwhile, so
-/// committed tracks do not stay dirty for its interval. A rollback restores (and its
-/// quiesce first syncs) every track still dirty: measured under 8 x 256,
-/// waiting for the interval made rollbacks take 60 ms, a sync every 8
-/// commits 8 to 15 ms, back-to-back syncs 1 to 3 ms.
-/// `ticket` was taken before the writes.
+/// committed tracks do not stay dirty for its interval. A rollback restores
+/// every track still dirty (its quiesce no longer waits for their sync,
+/// [`revoke_unsynced`]): measured under 8 x 256 when it did, waiting for
+/// the interval made rollbacks take 60 ms, a sync every 8 commits 8 to
+/// 15 ms, back-to-back syncs 1 to 3 ms. `ticket` was taken before the
+/// writes.
 pub(crate) fn hand_over_held(
     ctl: &Engine,
     written: impl IntoIterator<Item = (u64, crate::store::cache::Dirty)>,
@@ -617,15 +647,20 @@ pub(crate) fn start_syncer(ctl: &Arc<Engine>) -> std::io::Result<()> {
         .name("rebound-destage-sync".into())
         .spawn(move || {
             while let Some(ctl) = weak.upgrade() {
-                let batches = take_unsynced(&ctl);
-                if batches.is_empty() {
+                let Some(ticket) = take_unsynced(&ctl) else {
                     continue;
-                }
-                let n = batches.len() as u32;
-                if let Err(e) = settle(&ctl, batches.into_iter().flatten().collect()) {
+                };
+                let synced = ctl.volume.sync_since(ticket);
+                // A quiesce may have revoked them while the sync ran: it
+                // ended their destages unwritten, and the sync's outcome
+                // is nobody's.
+                let Some(Syncing { batches, writes }) = ctl.destage.syncing.lock().take() else {
+                    continue;
+                };
+                if let Err(e) = finish(&ctl, writes, synced) {
                     tracing::warn!(error = %e, "device sync after destage failed; the tracks stay dirty and will be written again");
                 }
-                ctl.destage.inflight.fetch_sub(n, Ordering::AcqRel);
+                ctl.destage.inflight.fetch_sub(batches, Ordering::AcqRel);
                 // Destages ended here may have requeued tracks: a task for
                 // them once a whole batch is queued, as after a write (the
                 // tick starts one for fewer). Kicking for any queued track
@@ -638,17 +673,18 @@ pub(crate) fn start_syncer(ctl: &Arc<Engine>) -> std::io::Result<()> {
         .map(|_| ())
 }
 
-/// The batches handed over, once the first has waited [`SYNC_INTERVAL`]
-/// (one sync then covers every batch written meanwhile), or at once when
-/// someone waits or the NVS runs short of free slots; none after a tick
-/// without any.
-fn take_unsynced(ctl: &Engine) -> Vec<Vec<Unsynced>> {
+/// Take the batches handed over into [`DestageQueue::syncing`], once the
+/// first has waited [`SYNC_INTERVAL`] (one sync then covers every batch
+/// written meanwhile), or at once when someone waits or the NVS runs short
+/// of free slots; returns the ticket their sync must start after, or
+/// `None` after a tick without any.
+fn take_unsynced(ctl: &Engine) -> Option<u64> {
     let q = &ctl.destage;
     let mut pending = q.unsynced.lock();
     if pending.is_empty() {
         q.unsynced_arrived.wait_for(&mut pending, TICK);
         if pending.is_empty() {
-            return Vec::new();
+            return None;
         }
     }
     let until = Instant::now() + SYNC_INTERVAL;
@@ -663,7 +699,48 @@ fn take_unsynced(ctl: &Engine) -> Vec<Vec<Unsynced>> {
         }
         q.unsynced_arrived.wait_for(&mut pending, until - now);
     }
-    std::mem::take(&mut *pending)
+    let taken = std::mem::take(&mut *pending);
+    let batches = taken.len() as u32;
+    let writes: Vec<Unsynced> = taken.into_iter().flatten().collect();
+    let ticket = oldest_ticket(&writes);
+    let mut syncing = q.syncing.lock();
+    debug_assert!(syncing.is_none(), "the syncer took batches twice");
+    *syncing = Some(Syncing { batches, writes });
+    Some(ticket)
+}
+
+/// A system recovery (rung 3 or 4) is quiescing: end the destage of every
+/// background write waiting for the syncer, and of those it is syncing now,
+/// unwritten, instead of waiting for their sync. Their records stay and
+/// their tracks stay dirty (the recovery queues every dirty track), so a
+/// later destage writes them again; the data already written is the same
+/// or older than what it will write. A sync on the quiesce's path (the
+/// syncer's backlog written back) is what a rollback took longest for.
+/// Returns the writes revoked.
+pub(crate) fn revoke_unsynced(ctl: &Engine) -> u64 {
+    let q = &ctl.destage;
+    let (pending, syncing) = {
+        let mut pending = q.unsynced.lock();
+        (std::mem::take(&mut *pending), q.syncing.lock().take())
+    };
+    let mut batches = pending.len() as u32;
+    let mut writes: Vec<Unsynced> = pending.into_iter().flatten().collect();
+    if let Some(s) = syncing {
+        batches += s.batches;
+        writes.extend(s.writes);
+    }
+    let revoked = writes.len() as u64;
+    for u in writes {
+        let end = {
+            let _changing = ctl.epochs.changing();
+            ctl.cache.end_destage(&ctl.nvs, u.track, u.d, false)
+        };
+        debug_assert!(end.free.is_none(), "an unwritten destage freed a slot");
+    }
+    if batches > 0 {
+        q.inflight.fetch_sub(batches, Ordering::AcqRel);
+    }
+    revoked
 }
 
 /// Start the periodic tick (it stops when the controller is dropped or

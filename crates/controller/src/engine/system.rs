@@ -130,6 +130,9 @@ pub struct RollbackReport {
     pub dropped_writes: u64,
     /// Requests run again: held replies plus requests in the pipeline.
     pub rerun: u64,
+    /// Destage writes whose device sync the quiesce did not wait for:
+    /// their tracks stayed dirty and destage again.
+    pub unsynced_revoked: u64,
     /// Time to quiesce (the three parts below).
     pub quiesce: Duration,
     /// Waiting for a commit in progress to finish its outputs.
@@ -151,11 +154,12 @@ impl std::fmt::Display for RollbackReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "rung 3 rollback ({}): epoch {} rolled back, {} directory entries restored, {} held device writes dropped, {} requests run again; quiesce {:.3?} (commit {:.3?}, gate {:.3?}, drain {:.3?}), restore {:.3?}, total {:.3?}",
+            "rung 3 rollback ({}): epoch {} rolled back, {} directory entries restored, {} held device writes dropped, {} destage writes left unsynced, {} requests run again; quiesce {:.3?} (commit {:.3?}, gate {:.3?}, drain {:.3?}), restore {:.3?}, total {:.3?}",
             self.cause,
             self.epoch,
             self.restored_tracks,
             self.dropped_writes,
+            self.unsynced_revoked,
             self.rerun,
             self.quiesce,
             self.commit_wait,
@@ -296,7 +300,8 @@ fn run(ctl: &Arc<Engine>, cause: &str) -> Result<SystemReport, SystemError> {
     ctl.epochs.release_behind(ctl);
     let gate = sys.gate.write();
     sys.quiescing.store(true, Ordering::SeqCst);
-    quiesce(ctl, started, "rung 4");
+    // Destage writes left unsynced stay dirty; the rebuild queues them.
+    let _ = quiesce(ctl, started, "rung 4");
     let quiesced = Instant::now();
     let parked = std::mem::take(&mut *sys.parked.lock());
     if ctl.epochs.enabled() {
@@ -393,12 +398,20 @@ fn rebuild(ctl: &Engine) -> (RebuildSource, Option<String>) {
 }
 
 /// Wait until no request is in a stage body and no destage task runs.
-fn quiesce(ctl: &Engine, started: Instant, rung: &str) {
+/// Destage writes waiting for the syncer's device sync (or in it) are not
+/// waited for: their destages end unwritten
+/// ([`crate::engine::destage::revoke_unsynced`]), again on every turn, as
+/// a destage task stopping may hand over what it wrote. Returns how many
+/// were revoked.
+fn quiesce(ctl: &Engine, started: Instant, rung: &str) -> u64 {
     let sys = &ctl.system;
     let deadline = started + QUIESCE_TIMEOUT;
-    // Destage writes waiting for the syncer count as in flight: sync now.
-    ctl.destage.hurry();
-    while sys.in_pipeline() > 0 || ctl.destage.inflight() > 0 {
+    let mut revoked = 0;
+    loop {
+        revoked += crate::engine::destage::revoke_unsynced(ctl);
+        if sys.in_pipeline() == 0 && ctl.destage.inflight() == 0 {
+            return revoked;
+        }
         if Instant::now() >= deadline {
             tracing::error!(
                 in_pipeline = sys.in_pipeline(),
@@ -454,7 +467,7 @@ fn run_rollback(ctl: &Arc<Engine>, cause: &str) -> Result<RollbackReport, System
     let gate = sys.gate.write();
     let gated = Instant::now();
     sys.quiescing.store(true, Ordering::SeqCst);
-    quiesce(ctl, committed, "rung 3");
+    let unsynced_revoked = quiesce(ctl, committed, "rung 3");
     let quiesced = Instant::now();
     let parked = std::mem::take(&mut *sys.parked.lock());
     let (epoch, cut, held) = ctl.epochs.begin_rollback();
@@ -493,6 +506,7 @@ fn run_rollback(ctl: &Arc<Engine>, cause: &str) -> Result<RollbackReport, System
         restored_tracks,
         dropped_writes,
         rerun: count,
+        unsynced_revoked,
         quiesce: quiesced - started,
         commit_wait: committed - started,
         gate_wait: gated - committed,

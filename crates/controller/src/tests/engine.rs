@@ -474,6 +474,76 @@ fn a_commit_that_releases_only_replies_does_not_hurry_the_destage_syncer() {
     );
 }
 
+/// A rollback's quiesce does not wait for the destage syncer's device
+/// sync: the committed held writes the syncer holds or is syncing end their
+/// destages unwritten, their tracks stay dirty and destage again after.
+/// Here every device sync takes 4 s; the rollback returns long before the
+/// syncer's could end, and every acknowledged write reads back, then
+/// destages once the devices are fast again.
+#[test]
+fn a_rollback_does_not_wait_for_the_destage_syncers_device_sync() {
+    use crate::faults::{DeviceFault, DeviceOp};
+    let _serial = SERIAL.lock();
+    let mut b = Bench::open_with(|c| {
+        c.output_commit = OutputCommitSetting(OutputCommit::Stall);
+        c.checkpoint_interval = Duration::from_secs(10);
+    });
+    let engine = Arc::clone(b.engine());
+    let sync_time = Duration::from_secs(4);
+    let slow = DeviceFault::Latency {
+        op: Some(DeviceOp::Sync),
+        delay: sync_time,
+        rate: 1.0,
+    };
+    let mut devices = 0;
+    while engine.volume.arm_device_fault(devices, slow).is_ok() {
+        devices += 1;
+    }
+    assert!(devices > 0, "no device to slow down");
+    for t in 0..4 {
+        assert_eq!(b.write(t, 0x60 + t as u8).result, Ok(()));
+    }
+    crate::engine::destage::kick(&engine);
+    eventually("the four destage writes held by the pseudo-device", || {
+        engine.epochs.device.held() == 4
+    });
+    // The commit writes them to the devices and hands them to the syncer,
+    // which starts a (slow) sync for them.
+    engine.epochs.commit(&engine);
+    assert_eq!(engine.epochs.device.held(), 0, "the commit wrote them");
+    assert!(
+        engine.destage.inflight() > 0,
+        "the commit did not hand its writes to the syncer"
+    );
+    let report = engine
+        .rollback("engine test: a slow device sync")
+        .expect("rung 3");
+    assert!(
+        report.total < sync_time / 2,
+        "the rollback waited for the syncer's device sync: {report}"
+    );
+    assert_eq!(report.unsynced_revoked, 4, "{report}");
+    assert_eq!(
+        engine.dirty_tracks(),
+        4,
+        "a track whose sync was not waited for is not dirty"
+    );
+    for t in 0..4 {
+        assert_eq!(b.read(t), ok_with(0x60 + t as u8), "track {t}");
+    }
+    engine.volume.clear_device_faults();
+    assert_eq!(b.flush().result, Ok(()));
+    assert_eq!(engine.dirty_tracks(), 0, "the flush destaged them");
+    for t in 0..4 {
+        assert_eq!(
+            b.read(t),
+            ok_with(0x60 + t as u8),
+            "track {t} after the flush"
+        );
+    }
+    assert!(b.all_finished());
+}
+
 /// One step of a client's life, for the property below.
 #[derive(Debug, Clone)]
 enum Step {
