@@ -362,6 +362,32 @@ impl PseudoDevice {
         st.by_track.keys().any(|t| (first..end).contains(t))
     }
 
+    /// The newest data of each track held up to `epoch`, in issue order,
+    /// and how many of its held writes it covers; taken out of the order
+    /// (`logging`: the old copies up to `epoch` forgotten).
+    fn due(&self, epoch: u64) -> Vec<(u64, usize, Data)> {
+        let mut due = Vec::new();
+        let mut st = self.state.lock();
+        let keep = st.undo.split_off(&(epoch + 1));
+        st.undo = keep;
+        let later = st.order.split_off(&(epoch + 1));
+        let order = std::mem::replace(&mut st.order, later);
+        let mut seen = rustc_hash::FxHashSet::default();
+        for track in order.into_values().flatten() {
+            if !seen.insert(track) {
+                continue;
+            }
+            let Some(list) = st.by_track.get(&track) else {
+                continue;
+            };
+            let n = list.iter().take_while(|h| h.epoch <= epoch).count();
+            if n > 0 {
+                due.push((track, n, list[n - 1].data.clone()));
+            }
+        }
+        due
+    }
+
     /// Commit epochs up to `epoch`: write each held track's newest data
     /// to its target, then take the held writes off. Returns them (the
     /// caller ends their destages). `logging`: forget the old copies.
@@ -372,33 +398,28 @@ impl PseudoDevice {
     /// output gate's `behind_serial`), no rollback runs meanwhile, and a
     /// track with a held write gets no other until its destage ends, after
     /// this returns: so the held writes found here are still there after.
-    pub(crate) fn commit(&self, volume: &Volume, epoch: u64) -> (Vec<Held>, std::io::Result<()>) {
-        // The newest data of each track held up to `epoch`, in issue order,
-        // and how many of its held writes it covers.
-        let mut due: Vec<(u64, usize, Data)> = Vec::new();
-        {
-            let mut st = self.state.lock();
-            let keep = st.undo.split_off(&(epoch + 1));
-            st.undo = keep;
-            let later = st.order.split_off(&(epoch + 1));
-            let order = std::mem::replace(&mut st.order, later);
-            let mut seen = rustc_hash::FxHashSet::default();
-            for track in order.into_values().flatten() {
-                if !seen.insert(track) {
-                    continue;
-                }
-                let Some(list) = st.by_track.get(&track) else {
-                    continue;
-                };
-                let n = list.iter().take_while(|h| h.epoch <= epoch).count();
-                if n > 0 {
-                    due.push((track, n, list[n - 1].data.clone()));
-                }
-            }
-        }
+    ///
+    /// `stop` is asked before each track: once it says so, the tracks not
+    /// yet written stay held, in the order, as after a failed write (a
+    /// rollback drops them; a later commit writes them).
+    pub(crate) fn commit(
+        &self,
+        volume: &Volume,
+        epoch: u64,
+        stop: impl Fn() -> bool,
+    ) -> (Vec<Held>, std::io::Result<()>) {
+        let due = self.due(epoch);
         let mut result = Ok(());
         let mut written = Vec::with_capacity(due.len());
-        for (track, n, data) in due {
+        let mut due = due.into_iter();
+        while let Some((track, n, data)) = due.next() {
+            if stop() {
+                let mut st = self.state.lock();
+                let order = st.order.entry(epoch).or_default();
+                order.push(track);
+                order.extend(due.map(|(t, _, _)| t));
+                break;
+            }
             let outcome = match data {
                 Data::Renamed(r) => {
                     let mut st = self.state.lock();
@@ -591,7 +612,7 @@ mod tests {
                 while !started.load(Ordering::Acquire) && !reader.is_finished() {
                     std::hint::spin_loop();
                 }
-                let (taken, written) = device.commit(&volume, 1);
+                let (taken, written) = device.commit(&volume, 1, || false);
                 drop(over);
                 let reads = reader.join();
                 written.unwrap();
@@ -625,7 +646,7 @@ mod tests {
                 .write(&volume, t, d, track_of(epoch as u8), epoch)
                 .unwrap();
         }
-        let (taken, written) = device.commit(&volume, 1);
+        let (taken, written) = device.commit(&volume, 1, || false);
         written.unwrap();
         assert_eq!(taken.len(), TRACKS as usize / 2);
         assert!(taken.iter().all(|h| h.epoch == 1 && h.track < TRACKS / 2));
@@ -640,7 +661,7 @@ mod tests {
             TRACKS as usize / 2,
             "epoch 1's buffer slots are free again"
         );
-        let (taken, written) = device.commit(&volume, 2);
+        let (taken, written) = device.commit(&volume, 2, || false);
         written.unwrap();
         assert_eq!(taken.len(), TRACKS as usize / 2);
         assert!(device.holds_none());
@@ -649,6 +670,43 @@ mod tests {
             volume.read_track(t, &mut out).unwrap();
             let want = if t < TRACKS / 2 { 1 } else { 2 };
             assert!(out.iter().all(|&b| b == want), "track {t}");
+        }
+    }
+
+    #[test]
+    fn a_stopped_commit_leaves_the_tracks_it_did_not_write_held_for_the_next() {
+        let dir = tempfile::tempdir().unwrap();
+        let (volume, device) = buffering_over(dir.path());
+        for t in 0..TRACKS {
+            let d = Dirty {
+                slot: t as u32,
+                seq: 1,
+            };
+            device.write(&volume, t, d, track_of(7), 1).unwrap();
+        }
+        // Stop once four tracks are written.
+        let asked = std::sync::atomic::AtomicUsize::new(0);
+        let (taken, written) =
+            device.commit(&volume, 1, || asked.fetch_add(1, Ordering::Relaxed) >= 4);
+        written.unwrap();
+        assert_eq!(taken.len(), 4, "the commit went on past its stop");
+        assert_eq!(device.held(), TRACKS as usize - 4);
+        let mut out = track_of(0);
+        let on_device = (0..TRACKS)
+            .filter(|&t| {
+                volume.read_track(t, &mut out).unwrap();
+                out.iter().all(|&b| b == 7)
+            })
+            .count();
+        assert_eq!(on_device, 4, "tracks written without being taken off");
+        // The next commit writes the rest: they stayed in the order.
+        let (taken, written) = device.commit(&volume, 2, || false);
+        written.unwrap();
+        assert_eq!(taken.len(), TRACKS as usize - 4);
+        assert!(device.holds_none());
+        for t in 0..TRACKS {
+            volume.read_track(t, &mut out).unwrap();
+            assert!(out.iter().all(|&b| b == 7), "track {t}");
         }
     }
 
@@ -683,7 +741,7 @@ mod tests {
                 "slot {slot} holds its write"
             );
         }
-        let (taken, written) = device.commit(&volume, 1);
+        let (taken, written) = device.commit(&volume, 1, || false);
         written.unwrap();
         assert_eq!(taken.len(), 2);
         let mut out = track_of(0);

@@ -203,6 +203,10 @@ pub struct Epochs {
     /// it instead of taking `serial` ahead of it
     /// (`Epochs::commit_here`).
     pub(crate) preempt: AtomicBool,
+    /// A rollback is about to drop every held device write: a commit
+    /// writing held writes that no FLUSH or FUA waits for stops between
+    /// tracks and leaves the rest held ([`Epochs::release_behind`]).
+    abandon_writes: AtomicBool,
     open: AtomicU64,
     committed: Mutex<u64>,
     advanced: Condvar,
@@ -265,6 +269,7 @@ impl Epochs {
             behind: Mutex::new(std::collections::VecDeque::new()),
             behind_serial: Mutex::new(()),
             preempt: AtomicBool::new(false),
+            abandon_writes: AtomicBool::new(false),
             open: AtomicU64::new(1),
             committed: Mutex::new(0),
             advanced: Condvar::new(),
@@ -675,6 +680,16 @@ impl Epochs {
         epoch
     }
 
+    /// A rollback (`true`, before it releases what is behind) is about to
+    /// drop every held device write: the held writes of committed epochs
+    /// that no FLUSH or FUA waits for need not reach their devices first
+    /// (their records are still dirty and destage again), so a commit
+    /// writing them stops between tracks instead of making the rollback
+    /// wait for all of them. `false` once the rollback dropped them.
+    pub(crate) fn abandon_writes(&self, abandon: bool) {
+        self.abandon_writes.store(abandon, Ordering::Release);
+    }
+
     /// Release the device outputs of committed epochs, oldest first,
     /// under `behind_serial` (the checkpoint thread; a commit; a rollback
     /// before it restores anything).
@@ -735,7 +750,12 @@ impl Epochs {
             want_sync,
         } = outputs;
         let ticket = ctl.volume.sync_ticket();
-        let (writes, written) = self.device.commit(&ctl.volume, epoch);
+        // Writes no FLUSH or FUA waits for may stay held for a rollback to
+        // drop (`abandon_writes`): their records are still dirty.
+        let abandonable = durable.is_empty() && !want_sync;
+        let (writes, written) = self.device.commit(&ctl.volume, epoch, || {
+            abandonable && self.abandon_writes.load(Ordering::Acquire)
+        });
         if let Err(e) = &written {
             tracing::error!(error = %e, epoch, "output commit: some held writes stay held");
         }

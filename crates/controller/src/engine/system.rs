@@ -458,10 +458,13 @@ fn run_rollback(ctl: &Arc<Engine>, cause: &str) -> Result<RollbackReport, System
     ctl.epochs.preempt.store(true, Ordering::Release);
     let serial = ctl.epochs.serial.lock();
     ctl.epochs.preempt.store(false, Ordering::Release);
-    // Epochs committed before it are not rolled back: their device
-    // outputs (and FLUSH and FUA replies) leave first. That takes as long
-    // as the devices take (a slow device makes it long), so the quiesce's
-    // time-out counts from its end.
+    // Epochs committed before it are not rolled back: their FLUSH and FUA
+    // replies leave first, after the device writes they wait for. Held
+    // writes nothing waits for stay held and are dropped below (a commit
+    // writing them stops between tracks): their records are still dirty.
+    // This takes as long as the devices take (a slow device makes it
+    // long), so the quiesce's time-out counts from its end.
+    ctl.epochs.abandon_writes(true);
     ctl.epochs.release_behind(ctl);
     let committed = Instant::now();
     let gate = sys.gate.write();
@@ -476,6 +479,7 @@ fn run_rollback(ctl: &Arc<Engine>, cause: &str) -> Result<RollbackReport, System
     // epochs not yet written (issued just after their epoch's cut) are
     // dropped too: their records are still dirty and destage again.
     let dropped_writes = drop_device_writes(ctl, epoch);
+    ctl.epochs.abandon_writes(false);
     // The directory, then the NVS: every record the restored directory
     // names is valid again; every other one (the open epoch's) is erased
     // and its slot freed.

@@ -354,15 +354,28 @@ fn a_rollback_keeps_every_acknowledged_write_under_output_commit() {
     assert_eq!(b.read(2), ok_with(0x33));
 }
 
+/// Whether every byte of `track` on the devices is `byte`.
+fn on_device(engine: &Engine, track: u64, byte: u8) -> bool {
+    let mut data = vec![0u8; TRACK_BYTES];
+    engine
+        .volume
+        .read_track(track, &mut data)
+        .expect("device read");
+    data.iter().all(|&x| x == byte)
+}
+
 /// An epoch that a reply makes due is committed by the replying thread:
 /// its replies leave at the cut, and its device outputs (held destage
 /// writes) are left to the checkpoint thread. Replies do not wait for
 /// them. A rollback (rung 3) or a system recovery (rung 4) that comes
 /// before they are released releases them first (those epochs are
-/// committed): the held writes are on the devices when it returns, and
-/// every acknowledged write reads back.
+/// committed): rung 4 puts the held writes on the devices; rung 3 drops
+/// them, as no FLUSH or FUA waits for them (their tracks stay dirty).
+/// Either way none is left behind and every acknowledged write reads
+/// back.
 #[test]
 fn replies_leave_while_device_outputs_wait_behind_and_a_recovery_releases_those_first() {
+    use std::sync::atomic::Ordering::Relaxed;
     for rung in [3, 4] {
         let _serial = SERIAL.lock();
         // A long interval: the checkpoint thread commits only when kicked.
@@ -371,12 +384,7 @@ fn replies_leave_while_device_outputs_wait_behind_and_a_recovery_releases_those_
             c.checkpoint_interval = Duration::from_secs(10);
         });
         let engine = Arc::clone(b.engine());
-        let here = |e: &Engine| {
-            e.epochs
-                .stats()
-                .here_commits
-                .load(std::sync::atomic::Ordering::Relaxed)
-        };
+        let here = |e: &Engine| e.epochs.stats().here_commits.load(Relaxed);
         let here_before = here(&engine);
         // No device output is released while this is held. The checkpoint
         // thread may then wait for it too, so every request here is spaced
@@ -429,14 +437,18 @@ fn replies_leave_while_device_outputs_wait_behind_and_a_recovery_releases_those_
             0,
             "rung {rung} left device outputs behind"
         );
+        // Rung 3 drops them (nothing waited for them), rung 4 writes them.
         for t in 0..4u64 {
-            let mut data = vec![0u8; TRACK_BYTES];
-            engine.volume.read_track(t, &mut data).expect("device read");
-            assert!(
-                data.iter().all(|&x| x == 0x50 + t as u8),
-                "rung {rung}, track {t}: the committed epoch's held write was not released"
+            assert_eq!(
+                on_device(&engine, t, 0x50 + t as u8),
+                rung == 4,
+                "rung {rung}, track {t}: the committed epoch's held write"
             );
         }
+        assert!(
+            rung == 4 || engine.dirty_tracks() == 4,
+            "rung 3 lost a dirty track"
+        );
         for t in 0..4 {
             assert_eq!(
                 b.read(t),
@@ -539,6 +551,72 @@ fn a_rollback_does_not_wait_for_the_destage_syncers_device_sync() {
             b.read(t),
             ok_with(0x60 + t as u8),
             "track {t} after the flush"
+        );
+    }
+    assert!(b.all_finished());
+}
+
+/// A rollback does not wait for a commit to write held writes that no
+/// FLUSH or FUA waits for: the commit stops between tracks, the rest stay
+/// held and the rollback drops them (their records are still dirty). Here
+/// every device write takes 300 ms and a commit has eight to write; the
+/// rollback returns after at most the one being written, and every write
+/// reads back, then destages once the devices are fast again.
+#[test]
+fn a_rollback_stops_a_commit_writing_held_writes_no_flush_waits_for() {
+    use crate::faults::{DeviceFault, DeviceOp};
+    let _serial = SERIAL.lock();
+    let mut b = Bench::open_with(|c| {
+        c.output_commit = OutputCommitSetting(OutputCommit::Stall);
+        c.checkpoint_interval = Duration::from_secs(10);
+    });
+    let engine = Arc::clone(b.engine());
+    for t in 0..8 {
+        assert_eq!(b.write(t, 0x40 + t as u8).result, Ok(()));
+    }
+    crate::engine::destage::kick(&engine);
+    eventually("the eight destage writes held by the pseudo-device", || {
+        engine.epochs.device.held() == 8
+    });
+    let write_time = Duration::from_millis(300);
+    let slow = DeviceFault::Latency {
+        op: Some(DeviceOp::Write),
+        delay: write_time,
+        rate: 1.0,
+    };
+    let mut devices = 0;
+    while engine.volume.arm_device_fault(devices, slow).is_ok() {
+        devices += 1;
+    }
+    assert!(devices > 0, "no device to slow down");
+    let commit = std::thread::spawn({
+        let engine = Arc::clone(&engine);
+        move || engine.epochs.commit(&engine)
+    });
+    std::thread::sleep(write_time / 2);
+    let report = engine
+        .rollback("engine test: a slow commit")
+        .expect("rung 3");
+    commit.join().expect("commit thread");
+    assert!(
+        report.total < write_time * 4,
+        "the rollback waited for the commit's eight device writes: {report}"
+    );
+    assert!(
+        report.dropped_writes >= 4,
+        "the commit wrote what nothing waited for: {report}"
+    );
+    assert_eq!(engine.dirty_tracks(), 8, "{report}");
+    for t in 0..8 {
+        assert_eq!(b.read(t), ok_with(0x40 + t as u8), "track {t}");
+    }
+    engine.volume.clear_device_faults();
+    assert_eq!(b.flush().result, Ok(()));
+    assert_eq!(engine.dirty_tracks(), 0, "the flush destaged them");
+    for t in 0..8 {
+        assert!(
+            on_device(&engine, t, 0x40 + t as u8),
+            "track {t} is not on its device after the flush"
         );
     }
     assert!(b.all_finished());
