@@ -114,12 +114,23 @@ fn parse_debug_duration(s: &str) -> Option<Duration> {
     Some(Duration::from_secs_f64(secs))
 }
 
-/// One rollback's times, as the server measured them.
+/// One rollback's times and counts, as the server reported them.
 #[derive(Debug, Clone, Copy)]
 struct RollbackTimes {
     quiesce: Duration,
     restore: Duration,
     total: Duration,
+    /// Held device writes dropped.
+    dropped: u64,
+    /// Destage writes whose device sync the rollback did not wait for.
+    unsynced: u64,
+}
+
+/// The count written just before `phrase` in a rollback's answer
+/// (`..., 7 held device writes dropped, ...`).
+fn count_before(answer: &str, phrase: &str) -> Option<u64> {
+    let (before, _) = answer.split_once(&format!(" {phrase}"))?;
+    before.rsplit([' ', ',']).next()?.parse().ok()
 }
 
 fn field(answer: &str, name: &str) -> Option<Duration> {
@@ -151,6 +162,8 @@ fn rollbacks(
                 quiesce: field(&answer, "quiesce")?,
                 restore: field(&answer, "restore")?,
                 total: field(&answer, "total")?,
+                dropped: count_before(&answer, "held device writes dropped")?,
+                unsynced: count_before(&answer, "destage writes left unsynced")?,
             })
         })()
         .with_context(|| format!("no times in {answer:?}"))?;
@@ -589,6 +602,11 @@ pub fn run(args: OutputCommitArgs) -> anyhow::Result<std::process::ExitCode> {
     Ok(std::process::ExitCode::SUCCESS)
 }
 
+/// The mean of a count over rollbacks.
+fn mean_count(d: &[RollbackTimes], f: fn(&RollbackTimes) -> u64) -> f64 {
+    d.iter().map(f).sum::<u64>() as f64 / d.len().max(1) as f64
+}
+
 /// Rollbacks per scheme under `load`: their durations against the target.
 fn rollback_table(load: Load, count: u32, work: &std::path::Path, port: u16) -> anyhow::Result<()> {
     let mut rb = Table::new(&[
@@ -599,6 +617,8 @@ fn rollback_table(load: Load, count: u32, work: &std::path::Path, port: u16) -> 
         "total mean ms",
         "total max ms",
         "target < 50 ms",
+        "held writes dropped, mean",
+        "left unsynced, mean",
     ]);
     for scheme in &SCHEMES[1..5] {
         let d = rollbacks(scheme, count, (load.iodepth, load.jobs), work, port)?;
@@ -617,6 +637,8 @@ fn rollback_table(load: Load, count: u32, work: &std::path::Path, port: u16) -> 
             format!("{:.2}", mean(|t| t.total)),
             format!("{max:.2}"),
             if max < 50.0 { "met" } else { "missed" }.to_owned(),
+            format!("{:.0}", mean_count(&d, |t| t.dropped)),
+            format!("{:.0}", mean_count(&d, |t| t.unsynced)),
         ]);
     }
     println!(
@@ -625,4 +647,23 @@ fn rollback_table(load: Load, count: u32, work: &std::path::Path, port: u16) -> 
         rb.render()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rollback_answer_gives_its_times_and_counts() {
+        let answer = "rung 3 rollback (inject): epoch 10 rolled back, 0 directory entries restored, 7 held device writes dropped, 1 destage writes left unsynced, 0 requests run again; quiesce 150.666ms (commit 150.601ms, gate 3.581µs, drain 60.586µs), restore 1.461ms, total 152.194ms";
+        assert_eq!(count_before(answer, "held device writes dropped"), Some(7));
+        assert_eq!(
+            count_before(answer, "destage writes left unsynced"),
+            Some(1)
+        );
+        assert_eq!(count_before(answer, "requests run again"), Some(0));
+        assert_eq!(count_before(answer, "tracks lost"), None);
+        assert_eq!(field(answer, "restore"), Some(Duration::from_micros(1461)));
+        assert_eq!(field(answer, "total").map(|d| d.as_micros()), Some(152_194));
+    }
 }
