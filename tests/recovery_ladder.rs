@@ -976,8 +976,10 @@ fn the_scrub_repairs_a_damaged_record_from_the_cache_or_reports_the_loss() {
     // Track 4's record is damaged and its frame dropped: with destage held
     // (no destage reads it) and no read, the scrub finds the loss.
     server.admin("inject corrupt-record 4").unwrap();
+    // The track joins the lost list a moment before the scrub counts it
+    // and the recovery log names it: wait for all three.
     let status = wait_status(&server, "the loss", Duration::from_secs(20), |s| {
-        s.contains("lost tracks: 1 ")
+        s.contains("lost tracks: 1 ") && s.contains("track 4 lost") && s.contains(", 1 lost;")
     });
     assert!(status.contains("track 4 lost"), "{status}");
     assert!(status.contains("found by the scrub"), "{status}");
