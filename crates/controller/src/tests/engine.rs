@@ -354,6 +354,15 @@ fn a_rollback_keeps_every_acknowledged_write_under_output_commit() {
     assert_eq!(b.read(2), ok_with(0x33));
 }
 
+/// Arm `fault` on every device of the volume.
+fn slow_every_device(engine: &Engine, fault: crate::faults::DeviceFault) {
+    let mut devices = 0;
+    while engine.volume.arm_device_fault(devices, fault).is_ok() {
+        devices += 1;
+    }
+    assert!(devices > 0, "no device to slow down");
+}
+
 /// Whether every byte of `track` on the devices is `byte`.
 fn on_device(engine: &Engine, track: u64, byte: u8) -> bool {
     let mut data = vec![0u8; TRACK_BYTES];
@@ -507,11 +516,7 @@ fn a_rollback_does_not_wait_for_the_destage_syncers_device_sync() {
         delay: sync_time,
         rate: 1.0,
     };
-    let mut devices = 0;
-    while engine.volume.arm_device_fault(devices, slow).is_ok() {
-        devices += 1;
-    }
-    assert!(devices > 0, "no device to slow down");
+    slow_every_device(&engine, slow);
     for t in 0..4 {
         assert_eq!(b.write(t, 0x60 + t as u8).result, Ok(()));
     }
@@ -584,11 +589,7 @@ fn a_rollback_stops_a_commit_writing_held_writes_no_flush_waits_for() {
         delay: write_time,
         rate: 1.0,
     };
-    let mut devices = 0;
-    while engine.volume.arm_device_fault(devices, slow).is_ok() {
-        devices += 1;
-    }
-    assert!(devices > 0, "no device to slow down");
+    slow_every_device(&engine, slow);
     let commit = std::thread::spawn({
         let engine = Arc::clone(&engine);
         move || engine.epochs.commit(&engine)
@@ -622,20 +623,57 @@ fn a_rollback_stops_a_commit_writing_held_writes_no_flush_waits_for() {
     assert!(b.all_finished());
 }
 
-/// One step of a client's life, for the property below.
+/// What a client does, in the properties below.
 #[derive(Debug, Clone)]
-enum Step {
+enum ClientStep {
     Write(u64, u8),
     Read(u64),
     Flush,
+}
+
+/// Client steps, weighted `writes : reads : flushes`.
+fn client_step(writes: u32, reads: u32, flushes: u32) -> impl Strategy<Value = ClientStep> {
+    prop_oneof![
+        writes => (0u64..12, any::<u8>()).prop_map(|(t, b)| ClientStep::Write(t, b)),
+        reads => (0u64..12).prop_map(ClientStep::Read),
+        flushes => Just(ClientStep::Flush),
+    ]
+}
+
+/// Run `step` against `b`, keeping `model` (track -> last byte written)
+/// and checking each reply against it.
+fn run_client_step(
+    b: &mut Bench,
+    model: &mut HashMap<u64, u8>,
+    step: ClientStep,
+) -> Result<(), TestCaseError> {
+    match step {
+        ClientStep::Write(t, byte) => {
+            prop_assert_eq!(b.write(t, byte).result, Ok(()));
+            model.insert(t, byte);
+        }
+        ClientStep::Read(t) => {
+            let want = model.get(&t).copied().unwrap_or(0);
+            prop_assert_eq!(b.read(t), ok_with(want));
+        }
+        ClientStep::Flush => {
+            prop_assert_eq!(b.flush().result, Ok(()));
+            prop_assert_eq!(b.engine().dirty_tracks(), 0);
+        }
+    }
+    Ok(())
+}
+
+/// One step of a client's life, for the property below.
+#[derive(Debug, Clone)]
+enum Step {
+    Client(ClientStep),
     SystemRecovery,
 }
 
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
-        6 => (0u64..12, any::<u8>()).prop_map(|(t, b)| Step::Write(t, b)),
-        4 => (0u64..12).prop_map(Step::Read),
-        1 => Just(Step::Flush),
+        11 => client_step(6, 4, 1).prop_map(Step::Client),
         1 => Just(Step::SystemRecovery),
     ]
 }
@@ -645,9 +683,7 @@ fn step() -> impl Strategy<Value = Step> {
 /// (destage, a commit) at any moment.
 #[derive(Debug, Clone)]
 enum EpochStep {
-    Write(u64, u8),
-    Read(u64),
-    Flush,
+    Client(ClientStep),
     Destage,
     Commit,
     Rollback,
@@ -655,9 +691,7 @@ enum EpochStep {
 
 fn epoch_step() -> impl Strategy<Value = EpochStep> {
     prop_oneof![
-        6 => (0u64..12, any::<u8>()).prop_map(|(t, b)| EpochStep::Write(t, b)),
-        3 => (0u64..12).prop_map(EpochStep::Read),
-        1 => Just(EpochStep::Flush),
+        10 => client_step(6, 3, 1).prop_map(EpochStep::Client),
         2 => Just(EpochStep::Destage),
         2 => Just(EpochStep::Commit),
         2 => Just(EpochStep::Rollback),
@@ -676,18 +710,7 @@ proptest! {
         let mut model: HashMap<u64, u8> = HashMap::new();
         for s in steps {
             match s {
-                Step::Write(t, byte) => {
-                    prop_assert_eq!(b.write(t, byte).result, Ok(()));
-                    model.insert(t, byte);
-                }
-                Step::Read(t) => {
-                    let want = model.get(&t).copied().unwrap_or(0);
-                    prop_assert_eq!(b.read(t), ok_with(want));
-                }
-                Step::Flush => {
-                    prop_assert_eq!(b.flush().result, Ok(()));
-                    prop_assert_eq!(b.engine().dirty_tracks(), 0);
-                }
+                Step::Client(step) => run_client_step(&mut b, &mut model, step)?,
                 Step::SystemRecovery => {
                     b.engine().system_recover("property test").expect("rung 4");
                 }
@@ -722,18 +745,7 @@ proptest! {
         let mut model: HashMap<u64, u8> = HashMap::new();
         for s in steps {
             match s {
-                EpochStep::Write(t, byte) => {
-                    prop_assert_eq!(b.write(t, byte).result, Ok(()));
-                    model.insert(t, byte);
-                }
-                EpochStep::Read(t) => {
-                    let want = model.get(&t).copied().unwrap_or(0);
-                    prop_assert_eq!(b.read(t), ok_with(want));
-                }
-                EpochStep::Flush => {
-                    prop_assert_eq!(b.flush().result, Ok(()));
-                    prop_assert_eq!(engine.dirty_tracks(), 0);
-                }
+                EpochStep::Client(step) => run_client_step(&mut b, &mut model, step)?,
                 EpochStep::Destage => crate::engine::destage::kick(&engine),
                 EpochStep::Commit => {
                     engine.epochs.commit(&engine);
