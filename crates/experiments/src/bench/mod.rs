@@ -12,6 +12,7 @@ use crate::harness::{ServeCommand, ServerFiles};
 mod availability;
 mod badpath;
 mod controller;
+mod cpufloor;
 mod devicefaults;
 mod fio;
 mod loglock;
@@ -44,6 +45,8 @@ enum Which {
     Box(recobox::BoxBenchArgs),
     /// The controller over NBD vs nbdkit (file, memory) and qemu-nbd, fio cache-standard.
     Controller(controller::ControllerArgs),
+    /// Where the server's CPU time per I/O goes at a fixed offered load, rebound next to nbdkit's null plugin (perf).
+    CpuFloor(cpufloor::CpuFloorArgs),
     /// The environment's faults (device errors, latency, power loss): IOPS, FLUSH errors, declare and rebuild times, data lost.
     DeviceFaults(devicefaults::DeviceFaultsArgs),
     /// A lost device: degraded service and rebuild per RAID layout, vs striping (fio load).
@@ -97,6 +100,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         Which::Availability(a) => availability::run(a),
         Which::Badpath(a) => badpath::run(a),
         Which::Controller(a) => controller::run(a),
+        Which::CpuFloor(a) => cpufloor::run(a),
         Which::Box(a) => recobox::run(a),
         Which::Loglock(a) => loglock::run(a),
         Which::OutputCommit(a) => outputcommit::run(a),
