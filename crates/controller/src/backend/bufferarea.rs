@@ -3,8 +3,10 @@
 //! buffer"; [`crate::backend::pseudodev`] holds the memory copy): a file
 //! of track-sized slots beside the devices, one per held write, written
 //! when the write is held and freed at its epoch's commit or rollback.
-//! Nothing reads it back (a restart finds the data in the NVS), so it is
-//! emptied at every start.
+//! The slot, in the page cache, is also the held write's memory copy: the
+//! commit writes the target from it and reads of the track are served
+//! from it. A restart does not read it (it finds the data in the NVS), so
+//! it is emptied at every start.
 //!
 //! The first [`BUFFER_MAPPED_SLOTS`] slots are mapped shared: a held
 //! write is copied into the page cache there without a system call.
@@ -99,5 +101,30 @@ impl BufferFile {
             );
         }
         Ok(())
+    }
+
+    /// `f` of the data in `slot` (one track), written by [`Self::write`]
+    /// and held by the caller alone until its release.
+    pub(crate) fn with_slot<R>(&self, slot: u32, f: impl FnOnce(&[u8]) -> R) -> std::io::Result<R> {
+        let at = BufferArea::offset(slot) as usize;
+        if at + TRACK_BYTES > self.map.len() {
+            let mut buf = vec![0u8; TRACK_BYTES];
+            self.file.read_exact_at(&mut buf, at as u64)?;
+            return Ok(f(&buf));
+        }
+        // SAFETY: `[at, at + TRACK_BYTES)` lies inside the mapping (checked
+        // above), which lives as long as `self`, and the slice does not
+        // outlive this call; the slot's one holder wrote it before and
+        // neither writes nor frees it during this call (a slot is written
+        // once, after its allocation, and given back only after its
+        // commit or rollback, which hold it alone), so nothing changes
+        // these bytes while they are borrowed.
+        let data = unsafe { std::slice::from_raw_parts(self.map.as_ptr().add(at), TRACK_BYTES) };
+        Ok(f(data))
+    }
+
+    /// Copy `slot`'s data into `out` (one track).
+    pub(crate) fn read(&self, slot: u32, out: &mut [u8]) -> std::io::Result<()> {
+        self.with_slot(slot, |data| out.copy_from_slice(data))
     }
 }

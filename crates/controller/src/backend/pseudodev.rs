@@ -6,7 +6,7 @@
 //! | scheme | on write (epoch e open) | at commit of e | at rollback of e |
 //! |---|---|---|---|
 //! | `stall` | hold the data in memory | write it to the target | drop it |
-//! | `buffering` | write it to the buffer area (a file beside the devices) and keep it in memory | write the memory copy to the target | drop the buffer entry |
+//! | `buffering` | write it to the buffer area (a file beside the devices, in the page cache: the memory copy) | write the buffer area's copy to the target | drop the buffer entry |
 //! | `logging` | copy the old data aside, write in place | drop the old copy | write the old data back (newest first) |
 //! | `renaming` | write to a fresh slot of the rename area | remap the track there (durably), free its old slot | free the fresh slot |
 //!
@@ -89,10 +89,15 @@ impl OutputCommit {
 enum Data {
     /// In memory (stall).
     Memory(Arc<Vec<u8>>),
-    /// In a slot of the buffer area, and in memory (buffering: the paper's
-    /// "data written to the memory and the disk buffer"; the memory copy
-    /// serves the commit and reads, so neither reads the buffer area).
-    Buffer(u32, Arc<Vec<u8>>),
+    /// In a slot of the buffer area (buffering: the paper's "data written
+    /// to the memory and the disk buffer"). The slot is in the page cache
+    /// (mapped, for the first [`BUFFER_MAPPED_SLOTS`]): it is the memory
+    /// copy too, which serves the commit and reads, so a held write keeps
+    /// no heap buffer, and one freed on another thread at the commit cost
+    /// glibc's allocator a cross-thread free per write.
+    ///
+    /// [`BUFFER_MAPPED_SLOTS`]: crate::backend::bufferarea::BUFFER_MAPPED_SLOTS
+    Buffer(u32),
     /// In a fresh slot of the rename area (renaming).
     Renamed(Renamed),
 }
@@ -255,7 +260,7 @@ impl PseudoDevice {
                 };
                 let mut st = self.state.lock();
                 let data = if let Some(slot) = buffered {
-                    Data::Buffer(slot, Arc::new(data))
+                    Data::Buffer(slot)
                 } else if let Some(m) = &mut st.rename {
                     let slot = m.alloc();
                     match m.write_slot(slot, &data) {
@@ -290,7 +295,7 @@ impl PseudoDevice {
         if self.holds_writes() {
             let st = self.state.lock();
             if let Some(h) = st.by_track.get(&track).and_then(|v| v.last()) {
-                return Self::load(&st, h, out);
+                return self.load(&st, h, out);
             }
             if let Some(m) = &st.rename
                 && let Some(&r) = m.live.get(&track)
@@ -301,12 +306,13 @@ impl PseudoDevice {
         volume.read_track(track, out)
     }
 
-    fn load(st: &State, h: &Held, out: &mut [u8]) -> std::io::Result<()> {
+    fn load(&self, st: &State, h: &Held, out: &mut [u8]) -> std::io::Result<()> {
         match &h.data {
-            Data::Memory(m) | Data::Buffer(_, m) => {
+            Data::Memory(m) => {
                 out.copy_from_slice(m);
                 Ok(())
             }
+            Data::Buffer(slot) => self.buffer().read(*slot, out),
             Data::Renamed(r) => st
                 .rename
                 .as_ref()
@@ -430,7 +436,11 @@ impl PseudoDevice {
                         }
                     })
                 }
-                Data::Memory(m) | Data::Buffer(_, m) => volume.write_track(track, &m),
+                Data::Memory(m) => volume.write_track(track, &m),
+                Data::Buffer(slot) => self
+                    .buffer()
+                    .with_slot(slot, |data| volume.write_track(track, data))
+                    .and_then(|written| written),
             };
             match outcome {
                 Ok(()) => written.push((track, n)),
@@ -461,7 +471,7 @@ impl PseudoDevice {
                 "track {track}: held writes taken off by another commit"
             );
             for h in list.drain(..n) {
-                if let Data::Buffer(slot, _) = &h.data {
+                if let Data::Buffer(slot) = &h.data {
                     freed.push(*slot);
                 }
                 taken.push(h);
@@ -497,7 +507,7 @@ impl PseudoDevice {
             let keep = list.iter().take_while(|h| h.epoch < epoch).count();
             for h in list.drain(keep..) {
                 match &h.data {
-                    Data::Buffer(slot, _) => freed.push(*slot),
+                    Data::Buffer(slot) => freed.push(*slot),
                     Data::Renamed(r) => unrenamed.push(r.slot),
                     Data::Memory(_) => {}
                 }
@@ -514,6 +524,13 @@ impl PseudoDevice {
             }
         }
         (dropped, result)
+    }
+
+    /// The buffer area's file (buffering only).
+    fn buffer(&self) -> &BufferFile {
+        self.buffer_file
+            .as_ref()
+            .expect("a write held in the buffer area has a buffer area")
     }
 
     /// The buffer area's file, if any.
@@ -711,7 +728,7 @@ mod tests {
     }
 
     #[test]
-    fn buffered_writes_reach_the_buffer_file_in_the_mapped_slots_and_past_them() {
+    fn buffered_writes_are_held_in_the_buffer_file_slots_read_and_committed_from_them() {
         use crate::backend::bufferarea::{BUFFER_MAPPED_SLOTS, FILE_NAME};
         let dir = tempfile::tempdir().unwrap();
         let (volume, device) = buffering_over(dir.path());
@@ -740,6 +757,13 @@ mod tests {
                 file[at..at + TRACK_BYTES].iter().all(|&b| b == byte),
                 "slot {slot} holds its write"
             );
+        }
+        // The slot is the held write's only copy: reads of the track are
+        // served from it, in the mapping and past it.
+        let mut held = track_of(0);
+        for t in 0..2u64 {
+            device.read(&volume, t, &mut held).unwrap();
+            assert!(held.iter().all(|&b| b == 0x60 + t as u8), "held track {t}");
         }
         let (taken, written) = device.commit(&volume, 1, || false);
         written.unwrap();
