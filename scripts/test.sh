@@ -88,6 +88,7 @@ cargo run --release --quiet -- bench rcs --quick
 cargo run --release --quiet -- sim rcs --quick
 cargo run --release --quiet -- sim rcs --quick --workload figure9 --task-us paper --policy performance,dynamic
 cargo run --release --quiet -- bench controller --quick
+cargo run --release --quiet -- bench cpu-floor --quick
 cargo run --release --quiet -- bench box --quick
 cargo run --release --quiet -- bench loglock --quick
 cargo run --release --quiet -- bench availability --quick
