@@ -388,6 +388,9 @@ impl Connection {
                 }
             }
         }
+        // Counted before the call: a client that has its reply sees it
+        // counted.
+        self.ctl.metrics.reply_sends.fetch_add(1, Ordering::Relaxed);
         let n = self.out.send_nonblocking(&slices)?;
         drop(slices);
         let mut left = n + *sent;
@@ -1040,6 +1043,13 @@ fn read_loop(
                 let read = next_request(conn, &mut input.r, &mut raw);
                 if let Some(stalled) = input.drained.take() {
                     ctl.engine().epochs.reader_reads(stalled);
+                }
+                // The read that brought this request may have brought the
+                // next ones: hold this one's reply back too, so the burst
+                // leaves in one `sendmsg` (and wakes the client once)
+                // rather than its first reply alone and then the rest.
+                if whole_request_buffered(input.r.buffer()) {
+                    conn.reader_cork();
                 }
                 if !matches!(read, Ok(Some(_))) {
                     input.done = true;

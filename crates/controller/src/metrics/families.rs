@@ -169,7 +169,7 @@ impl Exposition {
     }
 
     /// Connections, and how reads were served.
-    fn connection_and_cache_samples(&self) -> [Sample; 9] {
+    fn connection_and_cache_samples(&self) -> [Sample; 10] {
         let (o, g) = (&self.own, &self.gauges);
         [
             (
@@ -201,6 +201,12 @@ impl Exposition {
                 COUNTER,
                 "Connections closed because the client read no reply for send_timeout.",
                 Value::Int(o.slow_clients),
+            ),
+            (
+                "rebound_reply_sends_total",
+                COUNTER,
+                "sendmsg calls that carried replies (requests over this: replies per call).",
+                Value::Int(o.reply_sends),
             ),
             (
                 "rebound_cache_hits_total",

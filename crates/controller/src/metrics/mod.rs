@@ -76,6 +76,10 @@ pub struct Metrics {
     /// Connections closed because the client read no reply for
     /// `send_timeout`.
     pub slow_clients: AtomicU64,
+    /// `sendmsg` calls that carried replies: replies leave in batches (a
+    /// burst of requests read together, an epoch's commit), so requests
+    /// over this counter is the replies each call carried.
+    pub reply_sends: AtomicU64,
     /// Tracks written to the devices by destage.
     pub destaged_tracks: AtomicU64,
     /// Destage attempts that failed (retried).
@@ -100,6 +104,7 @@ impl Default for Metrics {
             protocol_errors: AtomicU64::new(0),
             handshake_timeouts: AtomicU64::new(0),
             slow_clients: AtomicU64::new(0),
+            reply_sends: AtomicU64::new(0),
             destaged_tracks: AtomicU64::new(0),
             destage_errors: AtomicU64::new(0),
             apply_rollbacks: AtomicU64::new(0),
@@ -181,6 +186,7 @@ struct Own {
     protocol_errors: u64,
     handshake_timeouts: u64,
     slow_clients: u64,
+    reply_sends: u64,
     destaged_tracks: u64,
     destage_errors: u64,
     apply_rollbacks: u64,
@@ -247,6 +253,7 @@ impl Metrics {
             protocol_errors: load(&self.protocol_errors),
             handshake_timeouts: load(&self.handshake_timeouts),
             slow_clients: load(&self.slow_clients),
+            reply_sends: load(&self.reply_sends),
             destaged_tracks: load(&self.destaged_tracks),
             destage_errors: load(&self.destage_errors),
             apply_rollbacks: load(&self.apply_rollbacks),

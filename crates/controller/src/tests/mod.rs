@@ -3,6 +3,7 @@
 //! every layer (tests/layers.rs), so they may build what they test.
 
 mod admin;
+mod client;
 mod engine;
 mod fuzz_framer;
 mod fuzz_handshake;
