@@ -1019,11 +1019,9 @@ fn read_loop(
                     break 'reading Ok(());
                 }
                 // Requests that arrived together are answered together:
-                // hold replies back while the next request is already here
-                // whole, send them before waiting for the socket.
-                if whole_request_buffered(input.r.buffer()) {
-                    conn.reader_cork();
-                } else {
+                // replies held back (below) leave before the reader waits
+                // for the socket.
+                if !whole_request_buffered(input.r.buffer()) {
                     conn.reader_uncork();
                     if input.drained.is_none() {
                         let stalled = conn.stalled();
@@ -1044,10 +1042,10 @@ fn read_loop(
                 if let Some(stalled) = input.drained.take() {
                     ctl.engine().epochs.reader_reads(stalled);
                 }
-                // The read that brought this request may have brought the
-                // next ones: hold this one's reply back too, so the burst
-                // leaves in one `sendmsg` (and wakes the client once)
-                // rather than its first reply alone and then the rest.
+                // While the next request is already here whole, hold this
+                // one's reply back: a burst that one read brought leaves
+                // in one `sendmsg` (and wakes the client once), its first
+                // reply included.
                 if whole_request_buffered(input.r.buffer()) {
                     conn.reader_cork();
                 }
