@@ -198,6 +198,15 @@ impl DestageQueue {
         self.queue.lock().push_back(track);
     }
 
+    /// Put the unstarted rest of a batch back at the queue's head, in
+    /// order.
+    fn put_back(&self, tracks: Vec<u64>) {
+        let mut q = self.queue.lock();
+        for &t in tracks.iter().rev() {
+            q.push_front(t);
+        }
+    }
+
     fn pop_batch(&self) -> Vec<u64> {
         let mut q = self.queue.lock();
         let n = q.len().min(DESTAGE_BATCH_TRACKS);
@@ -278,7 +287,8 @@ pub(crate) fn kick_batch(ctl: &Arc<Engine>) {
 /// queued, or the NVS is running short of free slots (as for the
 /// syncer's hurry; writers waiting for space also kick at once).
 fn batch_due(ctl: &Engine) -> bool {
-    ctl.destage.len() >= DESTAGE_BATCH_TRACKS || ctl.nvs.free_slots() <= ctl.nvs.slot_count() / 4
+    (ctl.destage.len() >= DESTAGE_BATCH_TRACKS || ctl.nvs.free_slots() <= ctl.nvs.slot_count() / 4)
+        && !ctl.epochs.device.full()
 }
 
 /// Start a destage task if there is work and room for one.
@@ -286,6 +296,11 @@ pub(crate) fn kick(ctl: &Arc<Engine>) {
     let q = &ctl.destage;
     if ctl.system.is_quiescing() {
         // Rung 4 is rebuilding the directory; it kicks destage when done.
+        return;
+    }
+    if ctl.epochs.device.full() {
+        // Output commit holds as many writes as it may: the commit that
+        // takes them off kicks again (`Epochs::release_outputs`).
         return;
     }
     loop {
@@ -322,6 +337,13 @@ fn batch(ctl: &Arc<Engine>) {
     while let Some(track) = tracks.next() {
         if ctl.system.is_quiescing() {
             // Stop between tracks; the rebuilt queue has the rest.
+            break;
+        }
+        if ctl.epochs.device.full() {
+            // Output commit holds as many writes as it may: the rest of
+            // the batch waits in the queue for the commit's kick.
+            ctl.destage
+                .put_back(std::iter::once(track).chain(tracks).collect());
             break;
         }
         match one(ctl, track) {

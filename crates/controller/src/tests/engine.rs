@@ -470,6 +470,67 @@ fn replies_leave_while_device_outputs_wait_behind_and_a_recovery_releases_those_
     }
 }
 
+/// Output commit holds at most its cap of destage writes: background
+/// destage pauses there and leaves the rest of its batch queued (read
+/// from the NVS meanwhile), then goes on after each commit takes the
+/// held writes off, never holding more than the cap (plus one a second
+/// destage task may have begun beside the first). Every write reads back
+/// throughout and reaches the devices.
+#[test]
+fn background_destage_pauses_at_the_held_write_cap_until_a_commit_takes_them_off() {
+    const CAP: usize = 8;
+    // Fewer than a batch: no write kicks destage (only the tick may).
+    const TRACKS: u64 = crate::limits::DESTAGE_BATCH_TRACKS as u64 - 1;
+    let most_held = CAP + crate::limits::DESTAGE_TASKS_MAX as usize - 1;
+    let _serial = SERIAL.lock();
+    // A long interval: commits come from replies and from this test.
+    let mut b = Bench::open_with(|c| {
+        c.output_commit = OutputCommitSetting(OutputCommit::Buffering);
+        c.checkpoint_interval = Duration::from_secs(10);
+    });
+    let engine = Arc::clone(b.engine());
+    engine.epochs.device.cap_held(CAP);
+    let byte = |t: u64| 0x20 + t as u8;
+    for t in 0..TRACKS {
+        assert_eq!(b.write(t, byte(t)).result, Ok(()));
+    }
+    // No device output is released while this is held. The checkpoint
+    // thread may then wait for it too, so every request meanwhile is
+    // spaced past EPOCH_MIN: its reply's thread commits the epoch itself.
+    let behind = engine.epochs.behind_serial.lock();
+    crate::engine::destage::kick(&engine);
+    eventually("destage stopped at the cap", || {
+        engine.epochs.device.held() >= CAP && engine.destage.inflight() == 0
+    });
+    let held = engine.epochs.device.held();
+    assert!(held <= most_held, "{held} writes held with a cap of {CAP}");
+    assert_eq!(
+        engine.destage.len() as u64,
+        engine.dirty_tracks() - held as u64,
+        "the dirty tracks past the cap wait in the destage queue"
+    );
+    for t in 0..TRACKS {
+        std::thread::sleep(Duration::from_millis(1));
+        assert_eq!(b.read(t), ok_with(byte(t)), "track {t} while held");
+    }
+    drop(behind);
+    let mut most = 0;
+    eventually("every track destaged, the cap's writes a commit", || {
+        most = most.max(engine.epochs.device.held());
+        engine.epochs.commit(&engine);
+        engine.dirty_tracks() == 0 && engine.epochs.device.held() == 0
+    });
+    assert!(
+        most <= most_held,
+        "{most} writes held at once with a cap of {CAP}"
+    );
+    for t in 0..TRACKS {
+        assert!(on_device(&engine, t, byte(t)), "track {t} on the devices");
+        assert_eq!(b.read(t), ok_with(byte(t)), "track {t} after");
+    }
+    assert!(b.all_finished());
+}
+
 #[test]
 fn a_commit_that_releases_only_replies_does_not_hurry_the_destage_syncer() {
     let _serial = SERIAL.lock();
