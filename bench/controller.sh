@@ -36,6 +36,8 @@
 # those from its allocation map without a device read, and a file
 # plugin reads a hole. The fill is not counted.
 #
+# Servers are started by bench/lib/servers.sh (as for bench/cpu-floor.sh).
+#
 # Environment: REBOUND_FLAGS adds flags to `rebound serve` (experiments);
 # SERVERS limits the servers measured (default: all); WRITE_SERVERS
 # those of the write table (default: rebound nbdkit-file); CPU_SERVERS
@@ -58,6 +60,8 @@ while (($#)); do
 done
 if ((quick)); then rounds=${rounds:-1}; runtime=${runtime:-5}; else rounds=${rounds:-3}; runtime=${runtime:-20}; fi
 here="$(cd "$(dirname "$0")" && pwd)"
+# shellcheck source=bench/lib/servers.sh
+source "$here/lib/servers.sh"
 job="$here/fio/cache-standard.fio"
 if [ -z "$rebound" ]; then
   rebound="$here/../target/release/rebound"
@@ -74,7 +78,8 @@ fi
 
 mkdir -p "$out"
 work="$(mktemp -d)"
-trap 'jobs -p | xargs -r kill 2>/dev/null || true; rm -rf "$work" /dev/shm/rebound-bench-$$.nvs /dev/shm/rebound-bench-$$.box' EXIT
+shm="rebound-bench-$$"  # rebound's NVS and recovery box in /dev/shm (bench/lib/servers.sh)
+trap 'jobs -p | xargs -r kill 2>/dev/null || true; rm -rf "$work" "/dev/shm/$shm.nvs" "/dev/shm/$shm.box"' EXIT
 # Ports below the kernel's ephemeral range: a port inside it may be the
 # local end of a client connection (or its TIME_WAIT) at the moment a
 # server binds it, and the bind fails with "Address already in use"
@@ -143,20 +148,6 @@ destage_ticks() {
   echo "$sum"
 }
 
-wait_port() {
-  for _ in $(seq 1 200); do
-    if [ "$1" = rebound-unix ]; then
-      [ -S "$work/nbd.sock" ] && return 0
-    else
-      (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
-    fi
-    sleep 0.05
-  done
-  echo "controller.sh: $1 did not listen" >&2
-  tail -n 5 "$work/peer.log" "$work/rebound.log" >&2 2>/dev/null || true
-  return 1
-}
-
 # Write the whole export of server $1 (started) once, then FLUSH.
 fill() {
   job_for "$1" "$here/fio/fill.fio" "$work/fill.fio"
@@ -164,39 +155,15 @@ fill() {
     || { echo "controller.sh: filling $1 failed:" >&2; tail -5 "$work/fio.err" >&2; exit 1; }
 }
 
+# Start server $1; NAME-filled is NAME with its export written first.
 start() {
   local server="${1%-filled}"
-  case "$server" in
-    rebound|rebound-unix|rebound-tls)
-      local listen=(--listen "127.0.0.1:$port")
-      [ "$server" = rebound-unix ] && listen=(--listen "unix:$work/nbd.sock")
-      [ "$server" = rebound-tls ] && listen+=(--tls require --tls-certificates "$pki")
-      rm -rf "$work/rebound" /dev/shm/rebound-bench-$$.nvs /dev/shm/rebound-bench-$$.box
-      "$rebound" serve "${listen[@]}" --data-dir "$work/rebound" \
-        --nvs /dev/shm/rebound-bench-$$.nvs --box /dev/shm/rebound-bench-$$.box \
-        --metrics "127.0.0.1:$mport" ${REBOUND_FLAGS:-} 2>"$work/rebound.log" & ;;
-    nbdkit-file)
-      rm -f "$work/file.img"; fallocate -l 1G "$work/file.img"
-      nbdkit -f -p "$port" file "$work/file.img" 2>"$work/peer.log" & ;;
-    nbdkit-tls)
-      rm -f "$work/file.img"; fallocate -l 1G "$work/file.img"
-      nbdkit -f -p "$port" --tls=require --tls-certificates="$pki" file "$work/file.img" 2>"$work/peer.log" & ;;
-    nbdkit-memory)
-      nbdkit -f -p "$port" memory 1G 2>"$work/peer.log" & ;;
-    nbdkit-null)
-      nbdkit -f -p "$port" null 1G 2>"$work/peer.log" & ;;
-    qemu-nbd)
-      rm -f "$work/qemu.img"; fallocate -l 1G "$work/qemu.img"
-      qemu-nbd -f raw -x "" -p "$port" -t "$work/qemu.img" 2>"$work/peer.log" & ;;
-  esac
-  pid=$!
-  wait_port "$server"
+  server_start "$server"
   if [ "$server" != "$1" ]; then fill "$1"; fi
 }
 
 stop() {
-  kill -INT "$pid" 2>/dev/null || true
-  wait "$pid" 2>/dev/null || true
+  server_stop
 }
 
 all_servers="rebound rebound-unix nbdkit-file nbdkit-memory qemu-nbd"

@@ -18,6 +18,7 @@
 #   - `perf stat` of the system calls a server of this kind makes and of
 #     its context switches: DIR/floor-syscalls.csv.
 # DIR/floor.csv gets one line per run (I/Os and CPU seconds in the window).
+# Servers are started by bench/lib/servers.sh (as for bench/controller.sh).
 # Needs perf (linux-perf), fio and nbdkit; installs what is missing.
 set -euo pipefail
 
@@ -34,6 +35,8 @@ while (($#)); do
   shift
 done
 here="$(cd "$(dirname "$0")" && pwd)"
+# shellcheck source=bench/lib/servers.sh
+source "$here/lib/servers.sh"
 [ -n "$rebound" ] || rebound="$here/../target/release/rebound"
 [ -x "$rebound" ] || { echo "cpu-floor.sh: no rebound binary at $rebound (cargo build --release)" >&2; exit 2; }
 
@@ -49,7 +52,8 @@ if [ -w /proc/sys/kernel/perf_event_paranoid ]; then echo -1 > /proc/sys/kernel/
 
 mkdir -p "$out"
 work="$(mktemp -d)"
-trap 'jobs -p | xargs -r kill 2>/dev/null || true; rm -rf "$work" /dev/shm/rebound-floor-$$.nvs /dev/shm/rebound-floor-$$.box' EXIT
+shm="rebound-floor-$$"  # rebound's NVS and recovery box in /dev/shm (bench/lib/servers.sh)
+trap 'jobs -p | xargs -r kill 2>/dev/null || true; rm -rf "$work" "/dev/shm/$shm.nvs" "/dev/shm/$shm.box"' EXIT
 port=$((10300 + $$ % 200))
 ramp=${RAMP:-4}
 ticks=$(getconf CLK_TCK)
@@ -67,35 +71,13 @@ echo "server,load,round,event,count" > "$scsv"
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
-start() {
-  case "$1" in
-    rebound)
-      rm -rf "$work/rebound" /dev/shm/rebound-floor-$$.nvs /dev/shm/rebound-floor-$$.box
-      "$rebound" serve --listen "127.0.0.1:$port" --data-dir "$work/rebound" \
-        --nvs /dev/shm/rebound-floor-$$.nvs --box /dev/shm/rebound-floor-$$.box \
-        ${REBOUND_FLAGS:-} 2>"$work/server.log" & ;;
-    nbdkit-null) nbdkit -f -p "$port" null 1G 2>"$work/server.log" & ;;
-    nbdkit-file)
-      rm -f "$work/file.img"; fallocate -l 1G "$work/file.img"
-      nbdkit -f -p "$port" file "$work/file.img" 2>"$work/server.log" & ;;
-    *) echo "cpu-floor.sh: unknown server $1 (rebound, nbdkit-null, nbdkit-file)" >&2; exit 2 ;;
-  esac
-  pid=$!
-  for _ in $(seq 100); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
-    kill -0 "$pid" 2>/dev/null || { echo "cpu-floor.sh: $1 did not start:" >&2; cat "$work/server.log" >&2; exit 1; }
-    sleep 0.1
-  done
-  echo "cpu-floor.sh: $1 did not listen on port $port" >&2; exit 1
-}
-
 total=$((rounds * ${#loads[@]} * ${#servers[@]})); n=0
 for round in $(seq 1 "$rounds"); do
   for load in "${loads[@]}"; do
     for s in "${servers[@]}"; do
       n=$((n + 1))
       printf '[%d/%d] round %d: %-12s at %6d IOPS offered (%ss after %ss)\n' "$n" "$total" "$round" "$s" "$load" "$runtime" "$ramp" >&2
-      start "$s"
+      server_start "$s"
       sed -e "s/\${PORT}/$port/" "$here/fio/cache-standard.fio" > "$work/job.fio"
       # 75% reads: the offered load split between the directions; fio
       # runs past the window so the window is steady state throughout.
@@ -112,7 +94,7 @@ for round in $(seq 1 "$rounds"); do
       timeout -s INT "$runtime" perf stat -x, -e "$events" -p "$pid" 2>"$work/stat.txt" >/dev/null || true
       wait "$rec" || { echo "cpu-floor.sh: perf record failed:" >&2; cat "$work/perf.err" >&2; exit 1; }
       wait "$fio_pid" || { echo "cpu-floor.sh: fio failed against $s:" >&2; tail -5 "$work/fio.err" >&2; exit 1; }
-      kill -INT "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true
+      server_stop
       secs=$(echo "$t1 - $t0" | bc -l)
       # I/Os in a window: fio's rate over its run (the offered one when
       # the server keeps up) times the window.
