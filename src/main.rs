@@ -8,7 +8,12 @@
 
 use clap::{CommandFactory, Parser, Subcommand};
 
+/// Small blocks from mimalloc, large ones from glibc's (see `alloc`).
+#[global_allocator]
+static GLOBAL: alloc::Split = alloc::Split;
+
 mod admin_cmd;
+mod alloc;
 mod box_cmd;
 mod logging;
 mod reset_cmd;
