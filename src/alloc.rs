@@ -1,4 +1,4 @@
-//! The process's memory allocator: blocks up to [`LARGE`] bytes from
+//! The process's memory allocator: blocks up to [`LARGE`] (64 KiB) from
 //! mimalloc, larger ones from the system's (glibc's) allocator.
 //!
 //! Why mimalloc for the small ones: under output commit a request's
@@ -14,10 +14,13 @@
 //! 0.25 µs there (README, "`rebound bench output-commit`").
 //!
 //! Why the system's for the large ones: `rebound node` tunes glibc so that
-//! its column buffers (megabytes each) stay in the heap when freed
-//! (`smartstore::node::keep_heap_warm`, measured there), and NBD requests
-//! of many megabytes are rare; both keep the behaviour they were measured
-//! with.
+//! its column buffers stay in the heap when freed
+//! (`smartstore::node::keep_heap_warm`, measured there), and with blocks
+//! up to 1 MiB from mimalloc its TPC-H Q1 with narrow checkpoints took
+//! about a quarter longer (`rebound bench smartstore`, alternated twice:
+//! 0.25 to 0.27 s against 0.19 to 0.22 s); with 64 KiB, no difference.
+//! The data path's blocks (requests, 4 KiB payloads and reads) are far
+//! below it; NBD requests of more than 64 KiB keep glibc's behaviour.
 //!
 //! Which allocator owns a block follows from its size alone, and Rust
 //! hands `dealloc` and `realloc` the layout the block was allocated with,
@@ -29,7 +32,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use mimalloc::MiMalloc;
 
 /// Blocks larger than this come from the system allocator.
-pub const LARGE: usize = 1 << 20;
+pub const LARGE: usize = 64 << 10;
 
 /// mimalloc up to [`LARGE`] bytes, the system allocator above.
 #[derive(Debug)]
