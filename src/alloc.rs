@@ -11,7 +11,7 @@
 //! `free` at about 0.75 µs of CPU per I/O under `buffering` at 8 x 256
 //! random writes, against 0.15 µs without output commit. mimalloc puts a
 //! block freed by another thread on its page's list without a lock: about
-//! 0.25 µs there (README, "`rebound bench output-commit`").
+//! 0.25 µs there (docs/performance/output-commit.md).
 //!
 //! Why the system's for the large ones: `rebound node` tunes glibc so that
 //! its column buffers stay in the heap when freed

@@ -17,7 +17,7 @@
 //! Measured on the 2-core host (fio's nbd engine, 4 KiB, 75% reads,
 //! buffering output commit): 8 clients x 256 in flight went from 55k to
 //! 92k IOPS and the server's CPU per I/O from 18.7 to 9.1 µs; with output
-//! commit off, 92k to 97k IOPS. The README's bench sections give the
+//! commit off, 92k to 97k IOPS. `docs/performance/` gives the
 //! measured tables.
 //!
 //! Only the threads a client's bytes wake take the policy: each
