@@ -584,17 +584,15 @@ impl Plan<'_> {
 
     /// How a load's table was measured, for its heading.
     fn rounds_text(&self) -> String {
-        let others = self.intervals.iter().any(|&t| t != VERDICT_T_MS);
-        let verdict = self.intervals.contains(&VERDICT_T_MS);
-        if self.rounds == self.verdict_rounds || !verdict {
-            format!("median of {} interleaved round(s)", self.rounds)
-        } else if others {
+        let mut counts = self.intervals.iter().map(|&t| self.rounds_at(t));
+        let first = counts.next().unwrap_or(self.rounds);
+        if counts.all(|n| n == first) {
+            format!("median of {first} interleaved round(s)")
+        } else {
             format!(
                 "median of {} interleaved rounds at T = {VERDICT_T_MS} ms (the verdicts'), {} at the other T",
                 self.verdict_rounds, self.rounds
             )
-        } else {
-            format!("median of {} interleaved round(s)", self.verdict_rounds)
         }
     }
 }
