@@ -32,7 +32,7 @@ use clap::Args;
 
 use super::CommonArgs;
 use super::experiment_server;
-use super::fio::{Fio, fio};
+use super::fio::{Fio, fio, fio_ramped};
 use super::threadcpu;
 use crate::report::{Table, line_chart_png, thousands};
 
@@ -71,10 +71,12 @@ pub struct OutputCommitArgs {
     /// T; --quick: 1].
     #[arg(long)]
     rounds: Option<u32>,
-    /// Seconds of the same fio job run, unmeasured, before each measured
-    /// job: the volume written, the cache full and destage in its steady
-    /// state. 0 (the default) measures a fresh server on a fresh volume,
-    /// whose never-written tracks are read without a device read.
+    /// Seconds each fio job runs, unmeasured, before its measured part,
+    /// in the same fio run (`ramp_time`, no pause between them): the
+    /// volume written, the NVS and cache filled and destage in the steady
+    /// state the load keeps. 0 (the default) measures a fresh server on
+    /// a fresh volume, whose never-written tracks are read without a
+    /// device read.
     #[arg(long, default_value_t = 0)]
     warmup: u32,
 }
@@ -252,38 +254,48 @@ fn measure<'a>(
                 };
                 let server = experiment_server(dir.path(), port)?.args(flags).start()?;
                 let pid = server.pid();
-                let warm = |job| -> anyhow::Result<()> {
-                    if plan.warmup > 0 {
-                        fio(port, job, plan.warmup, depth)?;
-                    }
-                    Ok(())
-                };
-                // Each job's CPU is taken over its own run, warm-ups
-                // outside.
-                warm("cache-standard")?;
-                let before = threadcpu::ticks(pid)?;
-                let mut mixed = fio(port, "cache-standard", runtime, depth)?;
-                let mixed_end = threadcpu::ticks(pid)?;
-                warm("write")?;
-                let write_start = if plan.warmup > 0 {
-                    threadcpu::ticks(pid)?
-                } else {
-                    mixed_end
-                };
-                let mut write = fio(port, "write", runtime, depth)?;
-                let after = threadcpu::ticks(pid)?;
+                let mut mixed = measured(pid, port, "cache-standard", plan.warmup, runtime, depth)?;
+                let mut write = measured(pid, port, "write", plan.warmup, runtime, depth)?;
                 server.stop()?;
-                (mixed.server_cpu_us, mixed.server_roles_us) =
-                    threadcpu::split_per_io(&before, &mixed_end, mixed.ios);
-                (write.server_cpu_us, write.server_roles_us) =
-                    threadcpu::split_per_io(&write_start, &after, write.ios);
-                runs.push((scheme, t, [mixed, write]));
+                (mixed.0.server_cpu_us, mixed.0.server_roles_us) =
+                    threadcpu::split_per_io(&mixed.1, &mixed.2, mixed.0.ios);
+                (write.0.server_cpu_us, write.0.server_roles_us) =
+                    threadcpu::split_per_io(&write.1, &write.2, write.0.ios);
+                runs.push((scheme, t, [mixed.0, write.0]));
                 bar.inc(1);
             }
         }
     }
     bar.finish_and_clear();
     Ok(medians(&runs))
+}
+
+/// One fio job of a cell, after `warmup` seconds of it unmeasured (in the
+/// same fio run: [`fio_ramped`]), with the server's threads' CPU ticks at
+/// the start and the end of the measured part. The start is taken
+/// `warmup` seconds after fio is started, so the CPU window begins fio's
+/// start-up time (its connections: tens of milliseconds) before the
+/// measured part, the same for every row.
+fn measured(
+    pid: u32,
+    port: u16,
+    job: &str,
+    warmup: u32,
+    runtime: u32,
+    depth: (u32, u32),
+) -> anyhow::Result<(Fio, threadcpu::Ticks, threadcpu::Ticks)> {
+    std::thread::scope(|s| {
+        let start = s.spawn(|| {
+            std::thread::sleep(Duration::from_secs(warmup.into()));
+            threadcpu::ticks(pid)
+        });
+        let run = fio_ramped(port, job, warmup, runtime, depth);
+        let end = threadcpu::ticks(pid);
+        let start = start
+            .join()
+            .expect("the CPU sampling thread does not panic")?;
+        Ok((run?, start, end?))
+    })
 }
 
 /// One cell per (row, T): the median of its rounds, each figure on its own.
@@ -394,7 +406,7 @@ fn report(load: Load, cells: &[Cell<'_>], runtime: u32, plan: &Plan<'_>) {
     }
     let warmup = match plan.warmup {
         0 => "from a fresh server and volume".to_string(),
-        w => format!("each after {w} s of the same job unmeasured"),
+        w => format!("each after {w} s of the same job unmeasured, without a pause"),
     };
     println!(
         "load {}: fio over NBD, {} connection(s) x {} requests in flight, {runtime} s per job ({warmup}), {}",
