@@ -254,14 +254,10 @@ fn measure<'a>(
                 };
                 let server = experiment_server(dir.path(), port)?.args(flags).start()?;
                 let pid = server.pid();
-                let mut mixed = measured(pid, port, "cache-standard", plan.warmup, runtime, depth)?;
-                let mut write = measured(pid, port, "write", plan.warmup, runtime, depth)?;
+                let mixed = measured(pid, port, "cache-standard", plan.warmup, runtime, depth)?;
+                let write = measured(pid, port, "write", plan.warmup, runtime, depth)?;
                 server.stop()?;
-                (mixed.0.server_cpu_us, mixed.0.server_roles_us) =
-                    threadcpu::split_per_io(&mixed.1, &mixed.2, mixed.0.ios);
-                (write.0.server_cpu_us, write.0.server_roles_us) =
-                    threadcpu::split_per_io(&write.1, &write.2, write.0.ios);
-                runs.push((scheme, t, [mixed.0, write.0]));
+                runs.push((scheme, t, [mixed, write]));
                 bar.inc(1);
             }
         }
@@ -271,11 +267,11 @@ fn measure<'a>(
 }
 
 /// One fio job of a cell, after `warmup` seconds of it unmeasured (in the
-/// same fio run: [`fio_ramped`]), with the server's threads' CPU ticks at
-/// the start and the end of the measured part. The start is taken
-/// `warmup` seconds after fio is started, so the CPU window begins fio's
-/// start-up time (its connections: tens of milliseconds) before the
-/// measured part, the same for every row.
+/// same fio run: [`fio_ramped`]), with the server's CPU per I/O over the
+/// measured part (its threads' ticks at the start and the end). The start
+/// is taken `warmup` seconds after fio is started, so the CPU window
+/// begins fio's start-up time (its connections: tens of milliseconds)
+/// before the measured part, the same for every row.
 fn measured(
     pid: u32,
     port: u16,
@@ -283,7 +279,7 @@ fn measured(
     warmup: u32,
     runtime: u32,
     depth: (u32, u32),
-) -> anyhow::Result<(Fio, threadcpu::Ticks, threadcpu::Ticks)> {
+) -> anyhow::Result<Fio> {
     std::thread::scope(|s| {
         let start = s.spawn(|| {
             std::thread::sleep(Duration::from_secs(warmup.into()));
@@ -294,7 +290,9 @@ fn measured(
         let start = start
             .join()
             .expect("the CPU sampling thread does not panic")?;
-        Ok((run?, start, end?))
+        let mut run = run?;
+        (run.server_cpu_us, run.server_roles_us) = threadcpu::split_per_io(&start, &end?, run.ios);
+        Ok(run)
     })
 }
 
